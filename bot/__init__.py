@@ -1,0 +1,1 @@
+"""gpuci's bot side: webhooks, trust, commands, config and the CLI."""
