@@ -1,0 +1,233 @@
+"""The `gpuci` command line: one subcommand per process or tool of the design's CLI table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bot.settings import Settings, SettingsError
+
+Handler = Callable[[argparse.Namespace, Settings], int]
+EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return EXIT_UNUSABLE
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        print(f"gpuci: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    handler: Handler = args.handler
+    try:
+        return handler(args, settings)
+    except KeyboardInterrupt:
+        print("gpuci: interrupted", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuci", description="Run a repository's GPU test batches and report them."
+    )
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    web = sub.add_parser("web", help="serve webhooks, the dashboard, /healthz and /metrics")
+    web.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    web.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    web.set_defaults(handler=cmd_web)
+
+    config = sub.add_parser("config", help="work with .gpuci.yml")
+    config_sub = config.add_subparsers(title="config commands", metavar="SUBCOMMAND")
+    check = config_sub.add_parser("check", help="validate a .gpuci.yml; exit 1 with every error")
+    check.add_argument("file", nargs="?", default=".gpuci.yml", type=Path)
+    check.add_argument("--hosts", type=Path, help="hosts inventory JSON: which batch can run where")
+    check.set_defaults(handler=cmd_config_check)
+
+    gpus = sub.add_parser("gpus", help="this host's GPUs, idle or why not; exit 2 if unusable")
+    gpus.add_argument("--json", action="store_true", help="print a hosts inventory (JSON)")
+    gpus.set_defaults(handler=cmd_gpus)
+
+    run = sub.add_parser("run-batch", help="run one batch on this host exactly as a worker would")
+    run.add_argument("name", help="batch name from .gpuci.yml")
+    run.add_argument("--config", type=Path, help="config file (default: SOURCE/.gpuci.yml)")
+    run.add_argument("--source", type=Path, default=Path("."), help="source directory (default .)")
+    run.add_argument("--sha", default="", help="commit to report (default: git HEAD of SOURCE)")
+    run.add_argument("--json", type=Path, metavar="FILE", help="write the summary as JSON")
+    run.add_argument("--markdown", type=Path, metavar="FILE", help="write the Check Run text")
+    run.set_defaults(handler=cmd_run_batch)
+
+    summarize = sub.add_parser("summarize", help="summary and Check Run text for JUnit files")
+    summarize.add_argument("junit", nargs="+", type=Path)
+    summarize.add_argument("--report", type=Path, help="gpuci_report JSON lines (XPASS, reruns)")
+    summarize.add_argument("--batch", default="local", help="batch name to report")
+    summarize.add_argument("--allow-no-tests", action="store_true")
+    summarize.add_argument("--json", type=Path, metavar="FILE", help="write the summary as JSON")
+    summarize.add_argument("--markdown", type=Path, metavar="FILE", help="write the Check Run text")
+    summarize.set_defaults(handler=cmd_summarize)
+
+    fakehub = sub.add_parser("fakehub", help="the offline GitHub for development and tests")
+    fakehub.add_argument("--world", type=Path, required=True, help="world file (YAML)")
+    fakehub.add_argument("--bind", default="127.0.0.1")
+    fakehub.add_argument("--port", type=int, default=9000)
+    fakehub.add_argument("--webhook-url", help="where to deliver webhooks")
+    fakehub.add_argument("--webhook-secret", help="secret to sign webhooks with")
+    fakehub.set_defaults(handler=cmd_fakehub)
+
+    demo = sub.add_parser("demo", help="the sample repository's batches on simulated GPUs")
+    demo.add_argument("--once", action="store_true", help="exit at the end (no serving)")
+    demo.set_defaults(handler=cmd_demo)
+    return parser
+
+
+def cmd_web(args: argparse.Namespace, settings: Settings) -> int:
+    from app import create_app
+
+    if not settings.webhook_secret:
+        print("gpuci web: set GPUCI_WEBHOOK_SECRET (the GitHub App's webhook secret)", file=sys.stderr)
+        return EXIT_UNUSABLE
+    create_app(settings).run(host=args.bind, port=args.port)
+    return EXIT_OK
+
+
+def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
+    from bot.config import check_file
+
+    issues = check_file(args.file, args.hosts)
+    for issue in issues:
+        print(issue)
+    if issues:
+        print(f"{len(issues)} problem(s) in {args.file}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"{args.file}: ok" + (f" (every batch can run on {args.hosts})" if args.hosts else ""))
+    return EXIT_OK
+
+
+def cmd_gpus(args: argparse.Namespace, settings: Settings) -> int:
+    from redis import Redis
+    from redis.exceptions import RedisError
+
+    from workers import leases
+    from workers.gpus import GpuBackendError, gpu_states, inventory_entry, open_backend
+    from workers.gpus import render_gpu_table
+
+    try:
+        backend = open_backend(settings.gpu_backend)
+        indices = [g.index for g in backend.snapshot()]
+    except GpuBackendError as exc:
+        print(f"gpuci gpus: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    try:
+        held = leases.holders(Redis.from_url(settings.redis_url, socket_timeout=2), settings.host, indices)
+        leased = {i: who for i, who in held.items() if who}
+    except RedisError as exc:
+        print(f"gpuci gpus: leases unknown (Redis unreachable: {exc})", file=sys.stderr)
+        leased = {}
+    states = gpu_states(
+        backend,
+        leased,
+        samples=settings.idle_samples,
+        interval_s=settings.idle_sample_interval_s,
+        idle_memory_mb=settings.idle_memory_mb,
+    )
+    if args.json:
+        print(json.dumps({settings.host: [inventory_entry(s) for s in states]}, indent=2))
+    else:
+        print(f"{settings.host} ({backend.describe()})")
+        print(render_gpu_table(states))
+    return EXIT_OK
+
+
+def cmd_run_batch(args: argparse.Namespace, settings: Settings) -> int:
+    from redis.exceptions import RedisError
+
+    from bot.config import ConfigError, check_file, load_config
+    from workers.batch import BatchError, run_on_host, source_sha
+    from workers.gpus import GpuBackendError
+
+    source: Path = args.source.resolve()
+    config_path: Path = args.config or source / ".gpuci.yml"
+    issues = check_file(config_path, None)
+    if issues:
+        for issue in issues:
+            print(issue, file=sys.stderr)
+        return EXIT_UNUSABLE
+    try:
+        config = load_config(config_path.read_text(), str(config_path))
+        result = run_on_host(
+            settings=settings,
+            config=config,
+            batch_name=args.name,
+            source=source,
+            sha=args.sha or source_sha(source),
+            progress=lambda msg: print(f"gpuci: {msg}", file=sys.stderr),
+        )
+    except (ConfigError, BatchError, GpuBackendError) as exc:
+        print(f"gpuci run-batch: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except RedisError as exc:
+        print(f"gpuci run-batch: Redis at {settings.redis_url} is unreachable ({exc}); "
+              "GPU leases live there: start redis-server or set REDIS_URL", file=sys.stderr)
+        return EXIT_UNUSABLE
+    _emit(result.output.title, result.output.summary, result.output.text, result.to_json(), args)
+    print(f"log: {result.outcome.log_path}", file=sys.stderr)
+    return EXIT_FAILED if result.conclusion.is_failure else EXIT_OK
+
+
+def cmd_summarize(args: argparse.Namespace, settings: Settings) -> int:
+    from workers.checks import conclude, render_check_output, summary_json
+    from workers.junit import JUnitError, parse_junit
+
+    missing = [str(p) for p in args.junit if not p.is_file()]
+    if missing:
+        print(f"gpuci summarize: no such file: {', '.join(missing)}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    try:
+        summary = parse_junit(args.junit, args.report)
+    except JUnitError as exc:
+        print(f"gpuci summarize: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    conclusion, title = conclude(summary, allow_no_tests=args.allow_no_tests)
+    output = render_check_output(
+        batch=args.batch, sha="", summary=summary, conclusion=conclusion, title=title, gpus=[]
+    )
+    data = summary_json(
+        batch=args.batch, sha="", conclusion=conclusion, title=title, summary=summary, gpus=[]
+    )
+    _emit(output.title, output.summary, output.text, data, args)
+    return EXIT_FAILED if conclusion.is_failure else EXIT_OK
+
+
+def _emit(title: str, summary: str, text: str, data: dict[str, Any], args: argparse.Namespace) -> None:
+    """Print the Check Run as GitHub shows it; write the JSON and markdown files if asked."""
+    markdown = f"# {title}\n\n{summary}\n" + (f"\n{text}\n" if text else "")
+    print(markdown)
+    if args.json:
+        args.json.write_text(json.dumps(data, indent=2) + "\n")
+    if args.markdown:
+        args.markdown.write_text(markdown)
+
+
+def cmd_fakehub(args: argparse.Namespace, settings: Settings) -> int:
+    from fakehub.server import serve
+
+    serve(args.world, args.bind, args.port, args.webhook_url, args.webhook_secret)
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from bot.demo import run_demo
+
+    return run_demo(settings, once=args.once)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""One batch on this host, as a worker runs it: pick idle GPUs, lease, run, summarize, release."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from redis import Redis
+
+from bot.config import Batch, Config, HostGpu, gpu_matches
+from bot.settings import Settings
+from workers import leases
+from workers.checks import CheckOutput, Conclusion, conclude, render_check_output, summary_json
+from workers.gpus import GpuBackend, GpuInfo, GpuState, gpu_states, open_backend
+from workers.junit import JUnitError, Summary, parse_junit
+from workers.runner import RunOutcome, RunRequest, resolve_workers, run_batch
+
+Progress = Callable[[str], None]
+
+
+class BatchError(Exception):
+    """The batch cannot start here; the message says why and what to do."""
+
+
+@dataclass
+class BatchResult:
+    batch: str
+    sha: str
+    host: str
+    conclusion: Conclusion
+    title: str
+    summary: Summary
+    gpus: list[GpuInfo]
+    outcome: RunOutcome
+    output: CheckOutput
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data = summary_json(
+            batch=self.batch,
+            sha=self.sha,
+            conclusion=self.conclusion,
+            title=self.title,
+            summary=self.summary,
+            gpus=self.gpus,
+        )
+        data.update(
+            host=self.host,
+            log_path=str(self.outcome.log_path),
+            junit_path=str(self.outcome.junit_path),
+            notes=self.notes,
+        )
+        return data
+
+
+def host_gpu(gpu: GpuInfo) -> HostGpu:
+    """The inventory view of a probed GPU, for matching a batch's constraints."""
+    major, _, minor = gpu.compute_capability.partition(".")
+    cc = (int(major), int(minor or 0)) if major.isdigit() and (minor or "0").isdigit() else (0, 0)
+    return HostGpu(name=gpu.name, memory_mb=gpu.memory_total_mb or 0, compute_capability=cc)
+
+
+def select_gpus(states: Sequence[GpuState], batch: Batch) -> list[GpuState] | None:
+    """The first `batch.gpus` idle GPUs that satisfy the batch's constraints, or None."""
+    fitting = [s for s in states if s.idle and gpu_matches(batch, host_gpu(s.gpu))]
+    return fitting[: batch.gpus] if len(fitting) >= batch.gpus else None
+
+
+def explain_no_fit(states: Sequence[GpuState], batch: Batch) -> str:
+    """Why this host cannot start the batch now, GPU by GPU."""
+    idle = sum(1 for s in states if s.idle and gpu_matches(batch, host_gpu(s.gpu)))
+    lines = [f"batch {batch.name} needs {batch.gpus} idle GPUs; {idle} fit on this host:"]
+    for s in states:
+        if not gpu_matches(batch, host_gpu(s.gpu)):
+            verdict = "does not meet the batch's constraints"
+        else:
+            verdict = "idle" if s.idle else "; ".join(s.reasons)
+        lines.append(f"  GPU {s.gpu.index} ({s.gpu.name}): {verdict}")
+    return "\n".join(lines)
+
+
+def source_sha(source: Path) -> str:
+    """HEAD of a git checkout, or "" when the source is not one."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def run_on_host(
+    *,
+    settings: Settings,
+    config: Config,
+    batch_name: str,
+    source: Path,
+    sha: str = "",
+    connect: Callable[[], Redis] | None = None,
+    progress: Progress = lambda _msg: None,
+) -> BatchResult:
+    """Run `batch_name` from `source` on this host's GPUs, leased in Redis for the run."""
+    batch = _batch(config, batch_name)
+    run_id = f"local-{uuid.uuid4().hex[:12]}"
+    if batch.gpus == 0:
+        progress(f"batch {batch.name}: CPU only, no GPUs needed")
+        outcome = _run(settings, config, batch, source, run_id, (), True, None)
+        return _result(settings, batch, sha, [], outcome)
+    backend = open_backend(settings.gpu_backend)
+    conn = (connect or (lambda: Redis.from_url(settings.redis_url)))()
+    return _run_leased(settings, config, batch, source, sha, run_id, backend, conn, progress)
+
+
+def _batch(config: Config, name: str) -> Batch:
+    if name not in config.batches:
+        valid = ", ".join(config.batches) or "(none)"
+        raise BatchError(f"unknown batch {name!r}; batches in this config: {valid}")
+    return config.batches[name]
+
+
+def _run_leased(
+    settings: Settings,
+    config: Config,
+    batch: Batch,
+    source: Path,
+    sha: str,
+    run_id: str,
+    backend: GpuBackend,
+    conn: Redis,
+    progress: Progress,
+) -> BatchResult:
+    chosen = _lease(settings, batch, backend, conn, run_id, progress)
+    indices = tuple(s.gpu.index for s in chosen)
+    owner = chosen_owner = _owner_of(conn, settings.host, indices)
+    heartbeat = leases.LeaseHeartbeat(conn, settings.host, indices, owner, settings.lease_ttl_s)
+    try:
+        with heartbeat:
+            free = [max(0, (s.gpu.memory_total_mb or 0) - (s.gpu.memory_used_mb or 0)) for s in chosen]
+            workers = resolve_workers(batch, free)
+
+            def gpu_pids() -> set[int]:
+                return _pids_on(backend, indices)
+
+            progress(f"batch {batch.name}: running on GPUs {list(indices)} of {settings.host}")
+            outcome = _run(settings, config, batch, source, run_id, indices, backend.simulated,
+                           workers, gpu_pids)
+            _wait_until_free(backend, indices, settings.kill_grace_s)
+    finally:
+        leases.release(conn, settings.host, indices, chosen_owner)
+    return _result(settings, batch, sha, [s.gpu for s in chosen], outcome)
+
+
+def _lease(
+    settings: Settings,
+    batch: Batch,
+    backend: GpuBackend,
+    conn: Redis,
+    run_id: str,
+    progress: Progress,
+) -> list[GpuState]:
+    """Lease fitting idle GPUs, then re-check them under the lease (fail closed)."""
+    owner = f"{run_id}:{uuid.uuid4().hex}"
+    for _attempt in range(3):
+        states = _states(settings, backend, conn)
+        chosen = select_gpus(states, batch)
+        if chosen is None:
+            raise BatchError(explain_no_fit(states, batch))
+        indices = [s.gpu.index for s in chosen]
+        if not leases.acquire(conn, settings.host, indices, owner, settings.lease_ttl_s):
+            continue  # another run took one of them between probe and lease: look again
+        recheck = {s.gpu.index: s for s in _states(settings, backend, conn, owner)}
+        if all(recheck[i].idle for i in indices):
+            progress(f"batch {batch.name}: leased GPUs {indices} on {settings.host}")
+            return chosen
+        leases.release(conn, settings.host, indices, owner)
+    raise BatchError(f"batch {batch.name}: GPUs kept getting busy while leasing; try again")
+
+
+def _states(
+    settings: Settings, backend: GpuBackend, conn: Redis, own: str | None = None
+) -> list[GpuState]:
+    indices = [g.index for g in backend.snapshot()]
+    held = leases.holders(conn, settings.host, indices)
+    leased = {i: who for i, who in held.items() if who is not None and who != own}
+    return gpu_states(
+        backend,
+        leased,
+        samples=settings.idle_samples,
+        interval_s=settings.idle_sample_interval_s,
+        idle_memory_mb=settings.idle_memory_mb,
+    )
+
+
+def _owner_of(conn: Redis, host: str, indices: Sequence[int]) -> str:
+    owners = {who for who in leases.holders(conn, host, indices).values() if who}
+    if len(owners) != 1:
+        raise BatchError(f"lost the lease on GPUs {list(indices)} before the run started")
+    return owners.pop()
+
+
+def _pids_on(backend: GpuBackend, indices: Sequence[int]) -> set[int]:
+    if backend.simulated:
+        return set()  # simulated processes are foreign by definition; never signal them
+    return {p.pid for g in backend.snapshot() if g.index in indices for p in g.processes}
+
+
+def _wait_until_free(backend: GpuBackend, indices: Sequence[int], grace_s: float) -> None:
+    """Hold the lease until no compute process remains on the run's GPUs (or grace passes)."""
+    deadline = time.monotonic() + grace_s
+    while _pids_on(backend, indices) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def _run(
+    settings: Settings,
+    config: Config,
+    batch: Batch,
+    source: Path,
+    run_id: str,
+    indices: tuple[int, ...],
+    simulated: bool,
+    workers: int | None,
+    gpu_pids: Callable[[], set[int]] | None = None,
+) -> RunOutcome:
+    request = RunRequest(
+        run_id=run_id,
+        batch=batch,
+        config=config,
+        source=source,
+        gpu_indices=indices,
+        work_root=Path(settings.work_dir),
+        simulated_gpus=simulated,
+        workers=workers,
+        kill_grace_s=settings.kill_grace_s,
+        log_max_bytes=settings.log_max_bytes,
+        run_as=settings.run_as,
+    )
+    return run_batch(request, gpu_pids=gpu_pids)
+
+
+def _result(
+    settings: Settings, batch: Batch, sha: str, gpus: list[GpuInfo], outcome: RunOutcome
+) -> BatchResult:
+    summary, error = _summarize(outcome)
+    conclusion, title = conclude(
+        summary,
+        allow_no_tests=batch.allow_no_tests,
+        timed_out=outcome.timed_out,
+        cancelled=outcome.cancelled,
+        error=error,
+    )
+    notes = [f"{len(outcome.killed_pids)} stray processes killed after the run"] if outcome.killed_pids else []
+    output = render_check_output(
+        batch=batch.name,
+        sha=sha,
+        summary=summary,
+        conclusion=conclusion,
+        title=title,
+        gpus=gpus,
+        host=settings.host,
+        log_tail=outcome.log_tail,
+        notes=notes,
+    )
+    return BatchResult(batch.name, sha, settings.host, conclusion, title, summary, gpus, outcome,
+                       output, notes)
+
+
+def _summarize(outcome: RunOutcome) -> tuple[Summary, str | None]:
+    """Counts from the JUnit file, and the infrastructure error if the run never got that far."""
+    if outcome.setup_failed:
+        return Summary(), f"runtime.setup failed (exit {outcome.exit_code})"
+    if outcome.preflight_error:
+        return Summary(), outcome.preflight_error
+    junit = Path(outcome.junit_path)
+    if not junit.is_file():
+        if outcome.timed_out or outcome.cancelled or outcome.exit_code == 5:
+            return Summary(), None
+        return Summary(), f"pytest exited with code {outcome.exit_code} and wrote no JUnit report"
+    try:
+        report = Path(outcome.report_path)
+        return parse_junit([junit], report if report.is_file() else None), None
+    except JUnitError as exc:
+        return Summary(), f"unreadable JUnit report: {exc}"
