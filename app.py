@@ -2,17 +2,41 @@
 
 from __future__ import annotations
 
-from flask import Flask
+import logging
+
+from flask import Flask, jsonify
+from flask.typing import ResponseReturnValue
+from redis import Redis
+from werkzeug.exceptions import HTTPException
 
 from bot.settings import Settings
 
+log = logging.getLogger("gpuci.web")
 
-def create_app(settings: Settings | None = None) -> Flask:
-    """The web process: health today; webhooks and the dashboard register here as they land."""
-    from bot import web
+
+def create_app(settings: Settings | None = None, redis: Redis | None = None) -> Flask:
+    """The web process: webhooks, health, and (as they land) the dashboard and metrics."""
+    from bot import web, webhooks
 
     settings = settings or Settings.from_env()
     app = Flask("gpuci")
     app.config["GPUCI_SETTINGS"] = settings
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.extensions["gpuci_redis"] = redis or Redis.from_url(
+        settings.redis_url, socket_timeout=2, socket_connect_timeout=2
+    )
     app.register_blueprint(web.blueprint)
+    app.register_blueprint(webhooks.blueprint)
+    app.register_error_handler(HTTPException, _http_error)
+    app.register_error_handler(Exception, _unexpected_error)
     return app
+
+
+def _http_error(exc: HTTPException) -> ResponseReturnValue:
+    """Every HTTP error as JSON with a sentence a caller can act on."""
+    return jsonify(error=exc.description or exc.name), exc.code or 500
+
+
+def _unexpected_error(exc: Exception) -> ResponseReturnValue:
+    log.exception("unexpected error")
+    return jsonify(error="internal error; see the gpuci web log"), 500

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, jsonify
 from flask.typing import ResponseReturnValue
-from redis import Redis
 from redis.exceptions import RedisError
 
 from bot.settings import Settings
@@ -21,7 +20,7 @@ def settings() -> Settings:
 def healthz() -> ResponseReturnValue:
     """200 when Redis answers, 503 with the reason otherwise."""
     try:
-        Redis.from_url(settings().redis_url, socket_timeout=1).ping()
+        current_app.extensions["gpuci_redis"].ping()
     except RedisError as exc:
         return jsonify(ok=False, redis=f"unreachable: {exc}"), 503
     return jsonify(ok=True, redis="ok")

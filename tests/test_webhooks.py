@@ -1,0 +1,139 @@
+"""POST /webhook through Flask's test client against real Redis and GitHub's own examples."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis import Redis
+from rq import Queue
+
+from app import create_app
+from bot import webhooks
+from bot.settings import Settings
+
+SECRET = "It's a Secret to Everybody"
+EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "github" / "webhook-examples.json"
+
+
+def real_examples() -> list[tuple[str, dict[str, Any]]]:
+    """(event, payload) for every example GitHub documents."""
+    events = json.loads(EXAMPLES.read_text())
+    return [(e["name"], ex) for e in events for ex in e["examples"]]
+
+
+@pytest.fixture
+def client(redis_conn: Redis, redis_url: str):  # type: ignore[no-untyped-def]
+    settings = Settings(redis_url=redis_url, webhook_secret=SECRET, max_body_bytes=1024 * 1024)
+    app = create_app(settings, redis=redis_conn)
+    return app.test_client()
+
+
+def post(client, body: bytes, event: str = "pull_request", *, secret: str = SECRET,
+         delivery: str | None = None, signature: str | None = None):  # type: ignore[no-untyped-def]
+    headers = {
+        "X-GitHub-Event": event,
+        "X-GitHub-Delivery": delivery or str(uuid.uuid4()),
+        "X-Hub-Signature-256": signature or webhooks.signature_of(secret, body),
+        "Content-Type": "application/json",
+    }
+    return client.post("/webhook", data=body, headers=headers)
+
+
+def test_signature_matches_githubs_documented_example() -> None:
+    # From GitHub's "Validating webhook deliveries" docs: secret, body and expected header.
+    expected = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"
+    assert webhooks.signature_of(SECRET, b"Hello, World!") == expected
+    assert webhooks.verify_signature(SECRET, b"Hello, World!", expected)
+    assert not webhooks.verify_signature(SECRET, b"Hello, World?", expected)
+    assert not webhooks.verify_signature("", b"Hello, World!", expected)
+
+
+@pytest.mark.parametrize(("event", "payload"), real_examples())
+def test_every_real_example_gets_a_non_5xx_answer(client, redis_conn, event, payload) -> None:  # type: ignore[no-untyped-def]
+    response = post(client, json.dumps(payload).encode(), event)
+    assert response.status_code < 500
+    if event == "ping":
+        assert response.status_code == 200
+    else:
+        assert response.status_code == 202
+        queued = Queue(webhooks.EVENTS_QUEUE, connection=redis_conn).count
+        assert queued == (1 if event in webhooks.HANDLED_EVENTS else 0)
+
+
+def test_queued_job_carries_plain_values(client, redis_conn) -> None:  # type: ignore[no-untyped-def]
+    payload = {"action": "opened", "number": 7}
+    delivery = str(uuid.uuid4())
+    assert post(client, json.dumps(payload).encode(), delivery=delivery).status_code == 202
+    (job,) = Queue(webhooks.EVENTS_QUEUE, connection=redis_conn).get_jobs()
+    assert job.func_name == webhooks.HANDLER
+    assert job.args == ("pull_request", delivery, payload)
+
+
+def test_repeated_delivery_is_accepted_but_queued_once(client, redis_conn) -> None:  # type: ignore[no-untyped-def]
+    body, delivery = b'{"action": "opened"}', str(uuid.uuid4())
+    first = post(client, body, delivery=delivery)
+    second = post(client, body, delivery=delivery)
+    assert (first.status_code, second.status_code) == (202, 202)
+    assert second.get_json()["duplicate"] is True
+    assert Queue(webhooks.EVENTS_QUEUE, connection=redis_conn).count == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "status", "message"),
+    [
+        ({"signature": "sha256=" + "0" * 64}, 401, "signature"),
+        ({"secret": "wrong secret"}, 401, "signature"),
+        ({"event": ""}, 400, "X-GitHub-Event"),
+    ],
+)
+def test_bad_deliveries_are_refused_with_reason(client, redis_conn, change, status, message) -> None:  # type: ignore[no-untyped-def]
+    response = post(client, b'{"action": "opened"}', **change)
+    assert response.status_code == status
+    assert message in response.get_json()["error"]
+    assert Queue(webhooks.EVENTS_QUEUE, connection=redis_conn).count == 0
+
+
+def test_missing_signature_header_is_401(client) -> None:  # type: ignore[no-untyped-def]
+    response = client.post(
+        "/webhook", data=b"{}", headers={"X-GitHub-Event": "ping", "X-GitHub-Delivery": "1"}
+    )
+    assert response.status_code == 401
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"\xff\xfe\x00", b"[1, 2]", b""])
+def test_malformed_body_is_400(client, body: bytes) -> None:  # type: ignore[no-untyped-def]
+    response = post(client, body)
+    assert response.status_code == 400
+    assert "JSON" in response.get_json()["error"]
+
+
+def test_oversized_body_is_413_before_anything_else(client) -> None:  # type: ignore[no-untyped-def]
+    body = b'{"pad": "' + b"x" * (2 * 1024 * 1024) + b'"}'
+    response = post(client, body)
+    assert response.status_code == 413
+    assert response.is_json
+
+
+def test_redis_down_is_503_and_nothing_is_remembered(redis_conn) -> None:  # type: ignore[no-untyped-def]
+    dead = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
+    app = create_app(Settings(webhook_secret=SECRET), redis=dead)
+    response = post(app.test_client(), b'{"action": "opened"}')
+    assert response.status_code == 503
+    assert "retry" in response.get_json()["error"]
+
+
+def test_unknown_route_and_method_are_json_errors(client) -> None:  # type: ignore[no-untyped-def]
+    assert client.get("/nope").status_code == 404
+    response = client.get("/webhook")
+    assert response.status_code == 405
+    assert response.is_json
+
+
+def test_healthz_reports_redis(client, redis_conn) -> None:  # type: ignore[no-untyped-def]
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.get_json()["redis"] == "ok"
