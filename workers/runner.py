@@ -1,0 +1,536 @@
+"""Running one batch: fresh directory, sources, setup, GPU preflight, pytest, process cleanup."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import secrets
+import select
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from bot.config import Batch, Config
+from workers import procs
+from workers.archive import ArchiveError, extract_archive
+
+PLUGIN_DIR = Path(__file__).resolve().parent / "pytest_plugin"
+LOG_MAX_BYTES = 5 * 1024 * 1024
+LOG_TAIL_LINES = 80
+_READ_CHUNK = 64 * 1024
+_POLL_S = 0.05
+_DRAIN_S = 2.0
+
+GpuPids = Callable[[], Iterable[int]]
+
+
+class RunnerError(Exception):
+    """The host is misconfigured for running batches (not a problem of the tested code)."""
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    run_id: str
+    batch: Batch
+    config: Config
+    source: Path  # a directory to copy, or a tar archive to extract
+    gpu_indices: tuple[int, ...]
+    work_root: Path
+    simulated_gpus: bool = False  # True: no preflight (the GPUs are not real)
+    python: str = sys.executable
+    workers: int | None = None  # the resolved `-n` (see resolve_workers)
+    timeout_s: int | None = None  # one deadline for setup + preflight + pytest; batch's if None
+    kill_grace_s: float = 10.0
+    log_max_bytes: int = LOG_MAX_BYTES
+    run_as: str = ""  # run children as this user (the worker must be root)
+    environ: Mapping[str, str] | None = None  # base environment, os.environ if None
+    load_report_plugin: bool = True
+
+
+@dataclass
+class RunOutcome:
+    exit_code: int | None  # pytest's exit status; None when pytest did not finish by itself
+    timed_out: bool
+    cancelled: bool
+    setup_failed: bool  # sources, a setup command or starting a process failed
+    preflight_error: str | None
+    junit_path: Path | None  # None when pytest wrote none
+    report_path: Path | None
+    log_path: Path
+    log_tail: str
+    log_truncated: bool
+    duration_s: float
+    workdir: Path
+    killed_pids: list[int] = field(default_factory=list)
+
+
+def resolve_workers(batch: Batch, free_vram_mb: Sequence[int]) -> int | None:
+    """The `-n` for pytest-xdist: None (no xdist), the batch's number, or derived from VRAM.
+
+    "auto" fits as many workers as each leased GPU's free memory holds, summed over the GPUs:
+    `max(1, sum(free // vram_per_worker_mb))`. Without `vram_per_worker_mb`, one per GPU.
+    """
+    if batch.workers is None or isinstance(batch.workers, int):
+        return batch.workers
+    if not batch.vram_per_worker_mb:
+        return max(1, len(free_vram_mb))
+    return max(1, sum(max(0, free) // batch.vram_per_worker_mb for free in free_vram_mb))
+
+
+def build_pytest_command(
+    python: str,
+    config: Config,
+    batch: Batch,
+    *,
+    workers: int | None,
+    junit_path: Path,
+    report_path: Path | None,
+) -> list[str]:
+    """The pytest command line; `report_path` None leaves out the gpuci_report plugin."""
+    command = [python, "-m", "pytest", *config.pytest_args, *batch.pytest_args]
+    if batch.markers:
+        command += ["-m", batch.markers]
+    if workers:
+        command += ["-n", str(workers)]
+    command += [f"--junitxml={junit_path}", "-o", "junit_family=xunit1"]
+    if report_path is not None:
+        command += ["-p", "gpuci_report", f"--gpuci-report={report_path}"]
+    return [*command, *batch.tests]
+
+
+# One table for what never reaches tested code: name prefixes, name fragments, name suffixes.
+_SECRET_PREFIXES = ("GPUCI_", "REDIS_", "GITHUB_", "GH_", "AWS_", "AZURE_", "GOOGLE_", "GCP_")
+_SECRET_PARTS = (
+    "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "APIKEY", "API_KEY", "PRIVATE", "AUTH",
+    "COOKIE", "SIGNING",
+)  # fmt: skip
+_SECRET_SUFFIXES = ("_KEY", "_PASS", "_PWD", "_DSN")
+# The worker's own pytest and coverage settings would leak into the tested run.
+_HOST_ONLY_PREFIXES = ("PYTEST_", "COV_CORE_")
+_SECRET_VALUE = re.compile(r"://[^/@\s]+:[^/@\s]+@|^(gh[pousr]_|github_pat_)[A-Za-z0-9_]{20,}")
+
+
+def is_secret(name: str, value: str) -> bool:
+    """True for variables a test process must not see: credentials and worker-only settings."""
+    upper = name.upper()
+    return (
+        upper.startswith(_SECRET_PREFIXES + _HOST_ONLY_PREFIXES)
+        or any(part in upper for part in _SECRET_PARTS)
+        or upper.endswith(_SECRET_SUFFIXES)
+        or bool(_SECRET_VALUE.search(value))
+    )
+
+
+def test_environment(
+    base: Mapping[str, str],
+    *,
+    config: Config,
+    batch: Batch,
+    gpu_indices: Sequence[int],
+    token: str,
+    plugin_dir: Path | None,
+    tmpdir: Path | None = None,
+) -> dict[str, str]:
+    """The scrubbed environment of a run's processes.
+
+    The base loses credentials; config.env then batch.env apply; the leased GPUs (in NVML's
+    PCI bus order), the run marker and TMPDIR are set last so the config cannot override them.
+    """
+    env = {name: value for name, value in base.items() if not is_secret(name, value)}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.update(config.env)
+    env.update(batch.env)
+    if plugin_dir is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugin_dir), env.get("PYTHONPATH")]))
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in gpu_indices)
+    env[procs.RUN_MARKER_VAR] = token
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
+    return env
+
+
+test_environment.__test__ = False  # type: ignore[attr-defined]  # not a pytest test
+
+
+def run_batch(
+    req: RunRequest,
+    cancel: threading.Event | None = None,
+    gpu_pids: GpuPids | None = None,
+) -> RunOutcome:
+    """Run one batch to the end, a timeout or `cancel`; no process of the run survives it.
+
+    `gpu_pids` lists compute processes on the leased GPUs; they are killed with the run on a
+    timeout or cancel. Raises RunnerError only for a host misconfiguration (unknown run_as user).
+    """
+    user = _run_as_user(req.run_as)
+    run = _Run(req, user, cancel or threading.Event(), gpu_pids or tuple)
+    try:
+        ending = run.steps()
+    finally:
+        run.sweep()
+        run.log.close()
+    return run.outcome(ending)
+
+
+@dataclass(frozen=True)
+class _User:
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+
+def _run_as_user(name: str) -> _User | None:
+    if not name:
+        return None
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise RunnerError(f"run_as user {name!r} does not exist on this host") from None
+    groups = tuple(os.getgrouplist(name, entry.pw_gid))
+    return _User(name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)
+
+
+@dataclass
+class _Step:
+    """How one child process ended."""
+
+    exit_code: int | None
+    timed_out: bool = False
+    cancelled: bool = False
+    start_error: str | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        return self.timed_out or self.cancelled
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """How the run as a whole ended: the outcome's fields decided by the steps."""
+
+    exit_code: int | None = None
+    timed_out: bool = False
+    cancelled: bool = False
+    setup_failed: bool = False
+    preflight_error: str | None = None
+
+    @classmethod
+    def interrupted(cls, step: _Step) -> _Ending:
+        return cls(timed_out=step.timed_out, cancelled=step.cancelled)
+
+
+class _Run:
+    """One batch's working directory, log, environment and deadline, and its steps."""
+
+    def __init__(
+        self, req: RunRequest, user: _User | None, cancel: threading.Event, gpu_pids: GpuPids
+    ):
+        self.req, self.user, self.cancel, self.gpu_pids = req, user, cancel, gpu_pids
+        self.started = time.monotonic()
+        self.deadline = self.started + (req.timeout_s or req.batch.timeout_s)
+        self.token = secrets.token_hex(16)
+        self.workdir = _fresh_workdir(req.work_root, req.run_id)
+        (self.workdir / "tmp").mkdir()
+        self.log = CappedLog(self.workdir / "output.log", req.log_max_bytes)
+        self.killed: set[int] = set()
+        self.env = self._environment()
+
+    def _environment(self) -> dict[str, str]:
+        req = self.req
+        env = test_environment(
+            os.environ if req.environ is None else req.environ,
+            config=req.config,
+            batch=req.batch,
+            gpu_indices=req.gpu_indices,
+            token=self.token,
+            plugin_dir=PLUGIN_DIR if req.load_report_plugin else None,
+            tmpdir=self.workdir / "tmp",
+        )
+        if self.user:
+            env.update(HOME=self.user.home, USER=self.user.name, LOGNAME=self.user.name)
+        return env
+
+    def steps(self) -> _Ending:
+        """Sources, setup, preflight, pytest: how the run ended, decided by the last step taken."""
+        src = self._sources()
+        if src is None:
+            return _Ending(setup_failed=True)
+        for command in self.req.config.setup:
+            step = self.child(["bash", "-c", command], src, f"setup: {command}")
+            if step.interrupted:
+                return _Ending.interrupted(step)
+            if step.exit_code != 0:
+                return _Ending(setup_failed=True)
+        if self.req.batch.gpus > 0 and not self.req.simulated_gpus:
+            error, step = self._preflight(src)
+            if step.interrupted:
+                return _Ending.interrupted(step)
+            if error:
+                return _Ending(preflight_error=error)
+        step = self.child(self._pytest_command(), src, "pytest")
+        if step.interrupted:
+            return _Ending.interrupted(step)
+        return _Ending(exit_code=step.exit_code, setup_failed=step.start_error is not None)
+
+    def _sources(self) -> Path | None:
+        source, dest = self.req.source, self.workdir / "src"
+        try:
+            if source.is_dir():
+                shutil.copytree(source, dest, symlinks=True, ignore=_IGNORED_SOURCES)
+                root = dest
+            else:
+                root = extract_archive(source, dest)
+            if self.user:
+                _chown_tree(self.workdir, self.user, keep=self.log.path)
+        except (ArchiveError, OSError) as exc:
+            self.log.note(f"cannot prepare sources from {source.name}: {exc}")
+            return None
+        return root
+
+    def _preflight(self, src: Path) -> tuple[str | None, _Step]:
+        count_file = self.workdir / "tmp" / "preflight-devices"
+        count_file.unlink(missing_ok=True)  # a setup command must not be able to answer for it
+        step = self.child([self.req.python, "-c", _PREFLIGHT, str(count_file)], src, "preflight")
+        if step.interrupted:
+            return None, step
+        text = count_file.read_text().strip() if count_file.exists() else ""
+        seen = int(text) if text.isdigit() else 0
+        needed = self.req.batch.gpus
+        if seen == needed:
+            return None, step
+        error = f"tests would see {seen} GPUs, batch {self.req.batch.name} needs {needed}"
+        self.log.note(f"preflight failed: {error}; pytest not run")
+        return error, step
+
+    def _pytest_command(self) -> list[str]:
+        req = self.req
+        return build_pytest_command(
+            req.python,
+            req.config,
+            req.batch,
+            workers=req.workers,
+            junit_path=self.workdir / "junit.xml",
+            report_path=self.workdir / "report.jsonl" if req.load_report_plugin else None,
+        )
+
+    def child(self, argv: list[str], cwd: Path, label: str) -> _Step:
+        """Run one process in a new session, its output to the log, until exit or interruption."""
+        if self.cancel.is_set() or time.monotonic() >= self.deadline:
+            self.log.note(f"not starting {label}: {self._why_stopped()}")
+            return _Step(None, timed_out=not self.cancel.is_set(), cancelled=self.cancel.is_set())
+        self.log.note(f"$ {label}")
+        user = self.user
+        try:
+            proc = subprocess.Popen(
+                argv, cwd=cwd, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                user=user.uid if user else None, group=user.gid if user else None,
+                extra_groups=user.groups if user else None,
+            )  # fmt: skip
+        except OSError as exc:
+            self.log.note(f"cannot start {argv[0]}: {exc}")
+            return _Step(exit_code=None, start_error=str(exc))
+        assert proc.stdout is not None
+        reader = _LogPump(proc.stdout, self.log)
+        step = self._wait(proc)
+        reader.finish()
+        if not step.interrupted and step.exit_code:
+            self.log.note(f"{label} exited with status {step.exit_code}")
+        return step
+
+    def _wait(self, proc: subprocess.Popen[bytes]) -> _Step:
+        while True:
+            try:
+                return _Step(exit_code=proc.wait(timeout=_POLL_S))
+            except subprocess.TimeoutExpired:
+                pass
+            if self.cancel.is_set() or time.monotonic() >= self.deadline:
+                return self._stop(proc, cancelled=self.cancel.is_set())
+
+    def _stop(self, proc: subprocess.Popen[bytes], *, cancelled: bool) -> _Step:
+        grace = self.req.kill_grace_s
+        self.log.note(f"{self._why_stopped()}: stopping the run's processes (grace {grace}s)")
+        killed = procs.terminate_run(proc.pid, self.token, grace, extra_pids=self._gpu_pids())
+        self._record_killed(killed)
+        return _Step(exit_code=proc.wait(), timed_out=not cancelled, cancelled=cancelled)
+
+    def _why_stopped(self) -> str:
+        if self.cancel.is_set():
+            return "cancelled"
+        return f"timed out after {self.req.timeout_s or self.req.batch.timeout_s}s"
+
+    def _gpu_pids(self) -> list[int]:
+        try:
+            return list(self.gpu_pids())
+        except Exception as exc:  # an NVML failure must not leave the run's processes alive
+            self.log.note(f"cannot list processes on the run's GPUs: {exc}")
+            return []
+
+    def sweep(self) -> None:
+        """Kill stray processes of the run (daemons that outlived their parent)."""
+        self._record_killed(procs.kill_marked(self.token))
+
+    def _record_killed(self, pids: list[int]) -> None:
+        if pids:
+            self.log.note(f"killed leftover processes: {' '.join(map(str, pids))}")
+        self.killed.update(pids)
+
+    def outcome(self, ending: _Ending) -> RunOutcome:
+        junit, report = self.workdir / "junit.xml", self.workdir / "report.jsonl"
+        return RunOutcome(
+            exit_code=ending.exit_code,
+            timed_out=ending.timed_out,
+            cancelled=ending.cancelled,
+            setup_failed=ending.setup_failed,
+            preflight_error=ending.preflight_error,
+            junit_path=junit if junit.exists() else None,
+            report_path=report if report.exists() else None,
+            log_path=self.log.path,
+            log_tail=self.log.tail_text(LOG_TAIL_LINES),
+            log_truncated=self.log.truncated,
+            duration_s=round(time.monotonic() - self.started, 3),
+            workdir=self.workdir,
+            killed_pids=sorted(self.killed),
+        )
+
+
+_IGNORED_SOURCES = shutil.ignore_patterns(".git", ".venv", "__pycache__")
+
+# Counts the devices CUDA itself would give the tests (it honours CUDA_VISIBLE_DEVICES).
+_PREFLIGHT = """\
+import ctypes, sys
+count = 0
+try:
+    cuda = ctypes.CDLL("libcuda.so.1")
+except OSError as exc:
+    print(f"gpuci preflight: cannot load libcuda: {exc}")
+else:
+    status = cuda.cuInit(0)
+    n = ctypes.c_int(0)
+    if status == 0 and cuda.cuDeviceGetCount(ctypes.byref(n)) == 0:
+        count = n.value
+    else:
+        print(f"gpuci preflight: cuInit returned {status}")
+print(f"gpuci preflight: CUDA sees {count} device(s)")
+open(sys.argv[1], "w").write(str(count))
+"""
+
+
+def _fresh_workdir(work_root: Path, run_id: str) -> Path:
+    """A new directory `<run_id>-<random>` that no earlier run can have touched."""
+    work_root.mkdir(parents=True, exist_ok=True)
+    safe_id = re.sub(r"[^A-Za-z0-9._-]", "_", run_id)[:80]
+    workdir = work_root / f"{safe_id}-{secrets.token_hex(6)}"
+    workdir.mkdir(mode=0o700)
+    return workdir
+
+
+def _chown_tree(root: Path, user: _User, keep: Path) -> None:
+    """Hand the working directory to the run's user; the log stays the worker's."""
+    for path in [root, *root.rglob("*")]:
+        if path != keep:
+            os.chown(path, user.uid, user.gid, follow_symlinks=False)
+
+
+class CappedLog:
+    """A log file of at most `max_bytes` plus one note: the first half, then the latest output.
+
+    The head streams to the file; the tail is held in memory and written on close, after a
+    `[... N bytes omitted ...]` line when output was dropped in between.
+    """
+
+    def __init__(self, path: Path, max_bytes: int):
+        self.path = path
+        self._file = path.open("wb")
+        self._head_left = max_bytes // 2
+        self._tail_max = max_bytes - self._head_left
+        self._tail: deque[bytes] = deque()
+        self._tail_size = 0
+        self.omitted = 0
+        self._lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            head = data[: self._head_left]
+            if head:
+                self._file.write(head)
+                self._head_left -= len(head)
+            if len(data) > len(head):
+                self._tail.append(data[len(head) :])
+                self._tail_size += len(data) - len(head)
+                self._trim_tail()
+
+    def _trim_tail(self) -> None:
+        while self._tail and self._tail_size - len(self._tail[0]) >= self._tail_max:
+            self._tail_size -= len(self._tail[0])
+            self.omitted += len(self._tail.popleft())
+
+    def note(self, message: str) -> None:
+        """A line from gpuci itself, marked as such."""
+        self.write(f"[gpuci] {message}\n".encode())
+
+    @property
+    def truncated(self) -> bool:
+        return self.omitted > 0 or self._tail_size > self._tail_max
+
+    def close(self) -> None:
+        with self._lock:
+            tail = b"".join(self._tail)
+            cut = max(0, len(tail) - self._tail_max)
+            self.omitted += cut
+            if self.omitted:
+                self._file.write(f"\n[... {self.omitted} bytes omitted ...]\n".encode())
+            self._file.write(tail[cut:])
+            self._tail.clear()
+            self._tail_size = 0
+            self._file.close()
+
+    def tail_text(self, lines: int) -> str:
+        """The last `lines` lines of the closed log, as text."""
+        with self.path.open("rb") as log:
+            log.seek(max(0, self.path.stat().st_size - 256 * 1024))
+            text = log.read().decode("utf-8", errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class _LogPump:
+    """Copies a child's merged stdout/stderr into the log on a thread of its own."""
+
+    def __init__(self, stream: IO[bytes], log: CappedLog):
+        self._fd = stream.fileno()
+        self._stream, self._log = stream, log
+        self._soft_stop, self._hard_stop = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._pump, name="gpuci-log", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        while not self._hard_stop.is_set():
+            if not poller.poll(100):
+                if self._soft_stop.is_set():
+                    return
+                continue
+            data = os.read(self._fd, _READ_CHUNK)
+            if not data:
+                return
+            self._log.write(data)
+
+    def finish(self) -> None:
+        """After the child exited: drain what is buffered, but do not wait on a stray writer."""
+        self._soft_stop.set()
+        self._thread.join(_DRAIN_S)
+        self._hard_stop.set()
+        self._thread.join()
+        self._stream.close()
