@@ -1,0 +1,770 @@
+"""Who may run what on the GPU hosts: the trust policy for PRs, labels, commands and buttons.
+
+Pure: an events handler fetches the PR, the roles (collaborator permission API) and the stored
+approval, calls one `decide_*` function, then executes `Decision.effects` in order and, last,
+enqueues `Decision.run`. `author_association` is never an input: it is not authorization.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from bot.commands import (
+    Command,
+    CommandError,
+    CommandKind,
+    help_text,
+    natural_sorted,
+    parse_comment,
+)
+
+APPROVE_ACTION_ID = "approve"  # the check run `requested_action` identifier of the button
+APPROVE_ACTION_LABEL = "Approve and run"
+APPROVE_ACTION_DESCRIPTION = "Approve this commit for GPU runs"
+
+_SHA = re.compile(r"[0-9a-f]{40}")
+
+
+def is_sha(s: object) -> bool:
+    """Exactly 40 lowercase hex characters: a full commit SHA, nothing a branch name could be."""
+    return isinstance(s, str) and _SHA.fullmatch(s) is not None
+
+
+class Role(StrEnum):
+    """A user's role on the base repository (the permission API's `role_name`)."""
+
+    NONE = "none"
+    READ = "read"
+    TRIAGE = "triage"
+    WRITE = "write"
+    MAINTAIN = "maintain"
+    ADMIN = "admin"
+
+    @property
+    def can_write(self) -> bool:
+        """Write, maintain and admin may approve, label and command; the rest may not."""
+        return self in (Role.WRITE, Role.MAINTAIN, Role.ADMIN)
+
+
+def role_from_api(role_name: str | None, permission: str | None = None) -> Role:
+    """The Role from `GET /repos/{owner}/{repo}/collaborators/{user}/permission`.
+
+    A built-in `role_name` is used as is; a custom role name falls back to the legacy
+    `permission` field (admin/write/read/none); anything unrecognised is NONE.
+    """
+    for value in (role_name, permission):
+        try:
+            return Role((value or "").strip().lower())
+        except ValueError:
+            continue
+    return Role.NONE
+
+
+class Trust(StrEnum):
+    """What an event means for running the PR's head commit on GPU hosts."""
+
+    TRUSTED = "trusted"  # same-repo PR by a writer: runs automatically
+    NEEDS_APPROVAL = "needs_approval"  # nothing runs until a writer approves the head commit
+    APPROVED = "approved"  # a writer approved exactly the head commit: runs
+    DENIED = "denied"  # the actor asked for something their role does not allow
+    IGNORED = "ignored"  # the event asks nothing of gpuci (bots, edits, other labels, closed)
+
+
+RUNNABLE = frozenset({Trust.TRUSTED, Trust.APPROVED})
+
+
+@dataclass(frozen=True)
+class Actor:
+    """A GitHub account that caused an event; `type` is GitHub's: User, Bot or Organization."""
+
+    login: str
+    type: str = "User"
+
+    def is_bot(self, app_login: str = "") -> bool:
+        """Bots (any app, and this app's own `<slug>[bot]` login) never drive gpuci."""
+        login = self.login.lower()
+        return self.type == "Bot" or login.endswith("[bot]") or login == app_login.lower()
+
+    @classmethod
+    def from_payload(cls, user: Mapping[str, Any] | None) -> Actor:
+        user = user or {}
+        return cls(login=str(user.get("login") or ""), type=str(user.get("type") or "User"))
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    """The PR as GitHub describes it at the event (webhook payload) or at fetch time (REST)."""
+
+    repo: str  # the base repository, "owner/name"
+    number: int
+    head_sha: str
+    head_repo: str | None  # None when the fork was deleted
+    base_repo: str
+    author: str
+    draft: bool = False
+    state: str = "open"
+    labels: tuple[str, ...] = ()
+
+    @property
+    def same_repo(self) -> bool:
+        """The head branch lives in the base repository (not a fork)."""
+        return self.head_repo is not None and self.head_repo.lower() == self.base_repo.lower()
+
+    @property
+    def is_open(self) -> bool:
+        return self.state == "open"
+
+    @classmethod
+    def from_payload(cls, data: Mapping[str, Any]) -> PullRequest:
+        """From a webhook's `pull_request` object or `GET /repos/{o}/{r}/pulls/{n}`."""
+        head, base = data.get("head") or {}, data.get("base") or {}
+        base_repo = str((base.get("repo") or {}).get("full_name") or "")
+        return cls(
+            repo=base_repo,
+            number=int(data.get("number") or 0),
+            head_sha=str(head.get("sha") or ""),
+            head_repo=(head.get("repo") or {}).get("full_name"),
+            base_repo=base_repo,
+            author=str((data.get("user") or {}).get("login") or ""),
+            draft=bool(data.get("draft")),
+            state=str(data.get("state") or ""),
+            labels=tuple(str(label.get("name")) for label in data.get("labels") or ()),
+        )
+
+
+class ApprovalVia(StrEnum):
+    LABEL = "label"
+    BUTTON = "button"
+    COMMAND = "command"
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A writer's approval of exactly one commit of one PR."""
+
+    repo: str
+    number: int
+    sha: str
+    approver: str
+    via: ApprovalVia
+
+    def covers(self, pr: PullRequest, sha: str | None = None) -> bool:
+        """Whether this approves `sha` (default: the PR's head) of this very PR."""
+        sha = pr.head_sha if sha is None else sha
+        return (
+            is_sha(sha)
+            and self.sha == sha
+            and self.number == pr.number
+            and self.repo.lower() == pr.repo.lower()
+        )
+
+
+@dataclass(frozen=True)
+class PullRequestEvent:
+    """`pull_request` webhook: `pr` is the payload's PR (its head at the time of the event)."""
+
+    action: str
+    pr: PullRequest
+    sender: Actor
+    label: str | None = None  # labeled/unlabeled: the label's name
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> PullRequestEvent:
+        return cls(
+            action=str(payload.get("action") or ""),
+            pr=PullRequest.from_payload(payload.get("pull_request") or {}),
+            sender=Actor.from_payload(payload.get("sender")),
+            label=(payload.get("label") or {}).get("name"),
+        )
+
+
+@dataclass(frozen=True)
+class CommentEvent:
+    """`issue_comment` on a PR; `pr` is fetched (the payload's issue has no head SHA)."""
+
+    action: str
+    pr: PullRequest
+    commenter: Actor
+    body: str
+    app_login: str = ""  # this app's `<slug>[bot]` login
+    created_at: float | None = None  # the comment's creation time, epoch seconds
+
+    @classmethod
+    def from_payload(
+        cls, payload: Mapping[str, Any], pr: PullRequest, app_login: str = ""
+    ) -> CommentEvent:
+        comment = payload.get("comment") or {}
+        return cls(
+            action=str(payload.get("action") or ""),
+            pr=pr,
+            commenter=Actor.from_payload(comment.get("user") or payload.get("sender")),
+            body=str(comment.get("body") or ""),
+            app_login=app_login,
+            created_at=_epoch(comment.get("created_at")),
+        )
+
+
+@dataclass(frozen=True)
+class CheckRunAction:
+    """`check_run` `requested_action` (a button) or `rerequested` (Re-run) on a check at `sha`."""
+
+    action: str
+    pr: PullRequest  # fetched: the check's PR as it is now
+    sha: str  # the check run's head_sha
+    actor: Actor
+    identifier: str | None = None  # requested_action.identifier
+    batch: str | None = None  # the batch the check reports, if it is one batch's check
+
+    @classmethod
+    def from_payload(
+        cls, payload: Mapping[str, Any], pr: PullRequest, batch: str | None = None
+    ) -> CheckRunAction:
+        return cls(
+            action=str(payload.get("action") or ""),
+            pr=pr,
+            sha=str((payload.get("check_run") or {}).get("head_sha") or ""),
+            actor=Actor.from_payload(payload.get("sender")),
+            identifier=(payload.get("requested_action") or {}).get("identifier"),
+            batch=batch,
+        )
+
+
+class Effect(StrEnum):
+    """What the handler does, in the order listed, before enqueueing `Decision.run`."""
+
+    CANCEL_RUNS = "cancel_runs"  # cancel every queued or running run of the PR
+    CANCEL_STALE_RUNS = "cancel_stale_runs"  # cancel the PR's runs at SHAs other than .sha
+    VOID_APPROVALS = "void_approvals"  # delete every stored approval of the PR
+    REMOVE_LABEL = "remove_label"  # remove the approval label from the PR
+    STORE_APPROVAL = "store_approval"  # store Decision.approval
+    # Check Run(s) at .sha: conclusion action_required, text = reasons, "Approve and run" button.
+    RESET_CHECKS_TO_ACTION_REQUIRED = "reset_checks_to_action_required"
+    REACT_EYES = "react_eyes"  # react 👀 to the comment
+    POST_STATUS = "post_status"  # comment the state of the PR's runs
+    REPLY = "reply"  # comment Decision.reply on the PR
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """Batches to run at one commit of one PR; the worker re-checks `may_start` at start."""
+
+    repo: str
+    number: int
+    sha: str
+    batches: tuple[str, ...]
+    trigger: str  # pull_request.<action>, label, command, button, rerequested
+    requested_by: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of one event. `reasons` are human sentences for logs and the check's text."""
+
+    trust: Trust
+    sha: str
+    reasons: tuple[str, ...]
+    effects: tuple[Effect, ...] = ()
+    run: RunRequest | None = None
+    approval: Approval | None = None
+    reply: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.approval is not None) != (Effect.STORE_APPROVAL in self.effects):
+            raise ValueError("STORE_APPROVAL and Decision.approval go together")
+        if (self.reply is not None) != (Effect.REPLY in self.effects):
+            raise ValueError("REPLY and Decision.reply go together")
+        if self.run is not None and self.trust not in RUNNABLE:
+            raise ValueError(f"a {self.trust} decision cannot run anything")
+
+    @property
+    def summary(self) -> str:
+        return " ".join(self.reasons)
+
+
+def classify_pr(pr: PullRequest, author_role: Role, approval: Approval | None = None) -> Trust:
+    """TRUSTED: same-repo PR whose author has write, maintain or admin. Otherwise APPROVED when
+    `approval` is for exactly the PR's head SHA, else NEEDS_APPROVAL."""
+    if pr.same_repo and author_role.can_write:
+        return Trust.TRUSTED
+    if approval is not None and approval.covers(pr):
+        return Trust.APPROVED
+    return Trust.NEEDS_APPROVAL
+
+
+def may_start(run_sha: str, pr: PullRequest, author_role: Role, approval: Approval | None) -> bool:
+    """The worker's check right before launch, with the PR re-fetched: the PR is open, the
+    run's SHA is a full 40-hex SHA equal to the PR's head, and the PR is trusted or approved
+    for exactly that SHA. A run of a superseded commit never starts."""
+    return (
+        is_sha(run_sha)
+        and pr.is_open
+        and run_sha == pr.head_sha
+        and classify_pr(pr, author_role, approval) in RUNNABLE
+    )
+
+
+# --- pull_request ----------------------------------------------------------------------------
+
+
+def decide_pull_request(
+    event: PullRequestEvent,
+    author_role: Role,
+    approval: Approval | None,
+    config_label: str,
+    auto_batches: Sequence[str],
+    *,
+    sender_role: Role = Role.NONE,
+) -> Decision:
+    """The rule for each `pull_request` action (others are IGNORED):
+
+    - opened, reopened, ready_for_review: a trusted or approved PR runs the auto batches; an
+      untrusted one gets an action_required check with the "Approve and run" button. Drafts
+      run nothing automatically.
+    - synchronize: the new commit voids every approval (label removed, check reset to
+      action_required) and cancels runs of older commits; a trusted PR runs the auto batches.
+    - labeled with `config_label`: by a sender with write+, approves the event's head SHA and
+      runs the auto batches (drafts: approves only); by anyone else, nothing runs and the
+      label is removed with an explanation.
+    - unlabeled `config_label` by a writer (not a bot): revokes the approval, cancels runs.
+    - closed: cancels the PR's runs.
+    """
+    pr = event.pr
+    if event.action == "closed":
+        return Decision(
+            Trust.IGNORED,
+            pr.head_sha,
+            ("PR closed: its runs are cancelled.",),
+            effects=(Effect.CANCEL_RUNS,),
+        )
+    if not pr.is_open:
+        return _ignored(pr, f"PR is {pr.state}.")
+    trigger = f"pull_request.{event.action}"
+    if event.action in ("opened", "reopened", "ready_for_review"):
+        trust = classify_pr(pr, author_role, approval)
+        return _automatic(pr, trust, author_role, auto_batches, trigger)
+    if event.action == "synchronize":
+        return _on_push(pr, author_role, approval, config_label, auto_batches)
+    if event.action in ("labeled", "unlabeled") and event.label == config_label:
+        decide = _on_label if event.action == "labeled" else _on_unlabel
+        return decide(event, author_role, sender_role, approval, config_label, auto_batches)
+    return _ignored(pr, f"{trigger} needs nothing from gpuci.")
+
+
+def _automatic(
+    pr: PullRequest,
+    trust: Trust,
+    author_role: Role,
+    auto_batches: Sequence[str],
+    trigger: str,
+    effects: tuple[Effect, ...] = (),
+    reasons: tuple[str, ...] = (),
+) -> Decision:
+    """What an automatic trigger does with a PR whose trust is known."""
+    if pr.draft:
+        why = "Draft PR: no automatic runs (mark it ready for review, or `/gpuci run ...`)."
+        return Decision(trust, pr.head_sha, (*reasons, why), effects)
+    if not auto_batches:
+        why = "No batches run automatically on PRs (no layer with trigger: pull_request)."
+        return Decision(trust, pr.head_sha, (*reasons, why), effects)
+    if trust in RUNNABLE:
+        why = f"{_trust_reason(pr, trust, author_role)} Running {_names(auto_batches)}."
+        run = _run(pr, auto_batches, trigger, pr.author)
+        return Decision(trust, pr.head_sha, (*reasons, why), effects, run=run)
+    why = _approval_needed(pr, author_role)
+    effects = (*effects, Effect.RESET_CHECKS_TO_ACTION_REQUIRED)
+    return Decision(trust, pr.head_sha, (*reasons, why), effects)
+
+
+def _on_push(
+    pr: PullRequest,
+    author_role: Role,
+    approval: Approval | None,
+    config_label: str,
+    auto_batches: Sequence[str],
+) -> Decision:
+    effects = [Effect.CANCEL_STALE_RUNS, Effect.VOID_APPROVALS]
+    if config_label in pr.labels:
+        effects.append(Effect.REMOVE_LABEL)
+    reasons: tuple[str, ...] = ()
+    if approval is not None and approval.sha != pr.head_sha:
+        reasons = (
+            f"New commit {_short(pr.head_sha)}: the approval of {_short(approval.sha)} "
+            "no longer applies.",
+        )
+    trust = classify_pr(pr, author_role, None)  # a push voids every approval
+    return _automatic(
+        pr, trust, author_role, auto_batches, "pull_request.synchronize", tuple(effects), reasons
+    )
+
+
+def _on_label(
+    event: PullRequestEvent,
+    author_role: Role,
+    sender_role: Role,
+    approval: Approval | None,
+    config_label: str,
+    auto_batches: Sequence[str],
+) -> Decision:
+    pr, sender = event.pr, event.sender.login
+    if event.sender.is_bot() or not sender_role.can_write:
+        text = (
+            f"@{sender}: the `{config_label}` label approves GPU runs only when added by a "
+            f"user with write access (yours: `{sender_role}`), so it was removed."
+        )
+        return Decision(
+            Trust.DENIED, pr.head_sha, (text,), (Effect.REMOVE_LABEL, Effect.REPLY), reply=text
+        )
+    trust = classify_pr(pr, author_role, approval)
+    if trust is not Trust.NEEDS_APPROVAL:
+        return Decision(
+            trust,
+            pr.head_sha,
+            (_trust_reason(pr, trust, author_role) + " The label changes nothing.",),
+        )
+    new = _approval(pr, sender, ApprovalVia.LABEL)
+    reasons = (f"@{sender} approved {_short(pr.head_sha)} with the `{config_label}` label.",)
+    decided = _automatic(pr, Trust.APPROVED, author_role, auto_batches, "label", (), reasons)
+    return _with_approval(decided, new)
+
+
+def _on_unlabel(
+    event: PullRequestEvent,
+    author_role: Role,
+    sender_role: Role,
+    approval: Approval | None,
+    config_label: str,
+    auto_batches: Sequence[str],
+) -> Decision:
+    pr = event.pr
+    if event.sender.is_bot() or not sender_role.can_write:
+        return _ignored(pr, "The approval label was removed by a bot or a non-writer.")
+    if classify_pr(pr, author_role, None) is Trust.TRUSTED:
+        return _ignored(pr, "The PR is trusted; the label changes nothing.")
+    why = f"@{event.sender.login} removed the `{config_label}` label: approval revoked."
+    effects = (Effect.CANCEL_RUNS, Effect.VOID_APPROVALS)
+    return _automatic(
+        pr, Trust.NEEDS_APPROVAL, author_role, auto_batches, "unlabeled", effects, (why,)
+    )
+
+
+# --- comments --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What the commands of one comment ask for, merged."""
+
+    approve: bool = False
+    approve_sha: str | None = None
+    runs: tuple[str, ...] = ()  # explicitly requested batches
+    explicit_run: bool = False
+    effects: tuple[Effect, ...] = ()
+    replies: tuple[str, ...] = ()
+
+
+def decide_command(
+    event: CommentEvent,
+    *,
+    author_role: Role,
+    commenter_role: Role,
+    approval: Approval | None,
+    valid_batches: Sequence[str],
+    layers: Mapping[str, Sequence[str]],
+    auto_batches: Sequence[str],
+    failed_batches: Sequence[str] = (),
+    runs_allowed: bool = True,
+    head_seen_at: float | None = None,
+) -> Decision:
+    """The rule for `/gpuci` commands in an `issue_comment` on a PR:
+
+    - Only `created` comments on open PRs are read; bots (the app's own login included) are
+      IGNORED, as are comments without a command.
+    - The commenter needs write+ (their role, never `author_association`); anyone else gets
+      DENIED with a reply.
+    - `approve` and every run command from a writer on an untrusted PR approve the head SHA,
+      unless the head changed after the comment was written (`head_seen_at`, the time gpuci
+      first saw this head, later than the comment) or differs from `approve SHA`.
+    - `approve` alone runs the auto batches; run commands run what they name; `rerun failed`
+      runs `failed_batches`. No runs when `runs_allowed` is False (the per-PR rate limit).
+    - cancel, status and help are effects and a reply; invalid lines are answered with why.
+    """
+    pr, who = event.pr, event.commenter.login
+    unread = _unread_comment(event)
+    if unread is not None:
+        return unread
+    parsed = parse_comment(event.body, valid_batches, layers)
+    if not parsed:
+        return _ignored(pr, "No /gpuci command in the comment.")
+    if not commenter_role.can_write:
+        text = (
+            f"@{who}: `/gpuci` commands need write access to {pr.repo} (yours: `{commenter_role}`)."
+        )
+        denied = (Effect.REACT_EYES, Effect.REPLY)
+        return Decision(Trust.DENIED, pr.head_sha, (text,), denied, reply=text)
+    asked = _merge(parsed, valid_batches, layers, failed_batches, pr)
+    trust = classify_pr(pr, author_role, approval)
+    reasons, replies = [_trust_reason(pr, trust, author_role)], list(asked.replies)
+    new_approval = None
+    if asked.approve or asked.explicit_run:
+        refusal = _command_approval_refusal(pr, trust, asked, event.created_at, head_seen_at)
+        if refusal is not None:
+            replies.append(refusal)
+        elif trust is Trust.NEEDS_APPROVAL:
+            new_approval, trust = _approval(pr, who, ApprovalVia.COMMAND), Trust.APPROVED
+            reasons.append(f"@{who} approved {_short(pr.head_sha)} with a command.")
+    batches = asked.runs if asked.explicit_run else ()
+    if new_approval is not None and not asked.explicit_run:
+        batches = tuple(auto_batches)
+    run = None
+    if batches and trust in RUNNABLE and runs_allowed:
+        run = _run(pr, batches, "command", who)
+        reasons.append(f"Running {_names(batches)} at {_short(pr.head_sha)}.")
+    elif batches and trust in RUNNABLE:
+        replies.append(
+            "Too many command-triggered runs on this PR lately: not run. Try again later."
+        )
+    effects = (Effect.REACT_EYES, *asked.effects)
+    effects += (Effect.STORE_APPROVAL,) if new_approval is not None else ()
+    reply = "\n\n".join(replies) or None
+    effects += (Effect.REPLY,) if reply is not None else ()
+    return Decision(trust, pr.head_sha, tuple(reasons), effects, run, new_approval, reply)
+
+
+def _unread_comment(event: CommentEvent) -> Decision | None:
+    """IGNORED for comments gpuci never reads: edits, deletions, bots, closed PRs."""
+    if event.action != "created":
+        return _ignored(event.pr, f"Comment {event.action}: only new comments are read.")
+    if event.commenter.is_bot(event.app_login):
+        return _ignored(event.pr, f"Comment by bot {event.commenter.login}.")
+    if not event.pr.is_open:
+        return _ignored(event.pr, f"Comment on a {event.pr.state} PR.")
+    return None
+
+
+def _merge(
+    parsed: Sequence[Command | CommandError],
+    valid_batches: Sequence[str],
+    layers: Mapping[str, Sequence[str]],
+    failed_batches: Sequence[str],
+    pr: PullRequest,
+) -> _Asked:
+    """Fold a comment's commands into one request; cancel comes before any new run."""
+    approve, approve_sha, explicit = False, None, False
+    runs: set[str] = set()
+    effects: list[Effect] = []
+    replies: list[str] = []
+    for item in parsed:
+        if isinstance(item, CommandError):
+            line = item.line[:80].replace("`", "'")
+            replies.append(f"`{line}`: {item.message}")
+        elif item.kind is CommandKind.APPROVE:
+            approve, approve_sha = True, item.sha or approve_sha
+        elif item.kind is CommandKind.RERUN_FAILED:
+            explicit = True
+            runs.update(failed_batches)
+            if not failed_batches:
+                replies.append(f"No failed batches at {_short(pr.head_sha)} to rerun.")
+        elif item.runs:
+            explicit = True
+            runs.update(item.batches)
+        elif item.kind is CommandKind.HELP:
+            replies.append(help_text(valid_batches, layers))
+        else:
+            effects.append(_COMMAND_EFFECTS[item.kind])
+    ordered = tuple(e for e in _EFFECT_ORDER if e in effects)
+    return _Asked(
+        approve, approve_sha, tuple(natural_sorted(runs)), explicit, ordered, tuple(replies)
+    )
+
+
+_COMMAND_EFFECTS = {CommandKind.CANCEL: Effect.CANCEL_RUNS, CommandKind.STATUS: Effect.POST_STATUS}
+_EFFECT_ORDER = tuple(Effect)
+
+
+def _command_approval_refusal(
+    pr: PullRequest,
+    trust: Trust,
+    asked: _Asked,
+    created_at: float | None,
+    head_seen_at: float | None,
+) -> str | None:
+    """Why a writer's comment approves nothing, or None: it must be about the head it saw."""
+    head = _short(pr.head_sha)
+    if asked.approve_sha is not None and not pr.head_sha.startswith(asked.approve_sha):
+        return f"Not approved: the head commit is {head}, not `{asked.approve_sha[:12]}`."
+    if trust is Trust.NEEDS_APPROVAL:
+        if created_at is not None and head_seen_at is not None and head_seen_at > created_at:
+            return (
+                f"Not approved: the head moved to {head} after your comment. "
+                "Review it and comment again."
+            )
+        return None
+    if asked.approve and not asked.explicit_run:
+        return f"Nothing to approve: commit {head} is already {trust}."
+    return None
+
+
+# --- check run buttons -----------------------------------------------------------------------
+
+
+def decide_button(
+    event: CheckRunAction,
+    *,
+    author_role: Role,
+    actor_role: Role,
+    approval: Approval | None,
+    auto_batches: Sequence[str],
+) -> Decision:
+    """The rule for `check_run` events a user causes:
+
+    - requested_action `approve` ("Approve and run") by a writer on a check at the PR's head:
+      approves that SHA and runs the auto batches (even on a draft: it is explicit). A
+      non-writer is DENIED with a reply; a check of an older commit approves nothing.
+    - rerequested (Re-run) by a writer at the head: runs the check's batch (or the auto
+      batches) if the PR is trusted or approved; it never approves.
+    Closed PRs, bots and other actions are IGNORED.
+    """
+    pr, who = event.pr, event.actor.login
+    if not pr.is_open or event.actor.is_bot():
+        return _ignored(pr, "Check action on a closed PR or by a bot.")
+    if event.action == "requested_action" and event.identifier == APPROVE_ACTION_ID:
+        if not actor_role.can_write:
+            text = f"@{who}: approving GPU runs needs write access (yours: `{actor_role}`)."
+            return Decision(Trust.DENIED, pr.head_sha, (text,), (Effect.REPLY,), reply=text)
+        if event.sha != pr.head_sha:
+            return _ignored(pr, f"Button of an older commit {_short(event.sha)}: not the head.")
+        trust = classify_pr(pr, author_role, approval)
+        if trust is Trust.APPROVED:
+            return Decision(trust, pr.head_sha, (f"{_short(pr.head_sha)} is already approved.",))
+        reasons = (f"@{who} approved {_short(pr.head_sha)} with the button.",)
+        run = _run(pr, auto_batches, "button", who) if auto_batches else None
+        if trust is Trust.TRUSTED:
+            return Decision(trust, pr.head_sha, reasons, run=run)
+        new = _approval(pr, who, ApprovalVia.BUTTON)
+        return Decision(Trust.APPROVED, pr.head_sha, reasons, (Effect.STORE_APPROVAL,), run, new)
+    if event.action == "rerequested":
+        return _rerequested(event, author_role, actor_role, approval, auto_batches)
+    return _ignored(pr, f"check_run.{event.action} needs nothing from gpuci.")
+
+
+def _rerequested(
+    event: CheckRunAction,
+    author_role: Role,
+    actor_role: Role,
+    approval: Approval | None,
+    auto_batches: Sequence[str],
+) -> Decision:
+    pr, who = event.pr, event.actor.login
+    if not actor_role.can_write:
+        return Decision(Trust.DENIED, pr.head_sha, (f"@{who} may not re-run (`{actor_role}`).",))
+    if event.sha != pr.head_sha:
+        return _ignored(pr, f"Re-run of an older commit {_short(event.sha)}: not the head.")
+    trust = classify_pr(pr, author_role, approval)
+    if trust not in RUNNABLE:
+        return Decision(
+            trust,
+            pr.head_sha,
+            (_approval_needed(pr, author_role),),
+            (Effect.RESET_CHECKS_TO_ACTION_REQUIRED,),
+        )
+    batches = (event.batch,) if event.batch else tuple(auto_batches)
+    run = _run(pr, batches, "rerequested", who) if batches else None
+    return Decision(trust, pr.head_sha, (f"@{who} re-ran {_names(batches)}.",), run=run)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _ignored(pr: PullRequest, why: str) -> Decision:
+    return Decision(Trust.IGNORED, pr.head_sha, (why,))
+
+
+def _run(pr: PullRequest, batches: Sequence[str], trigger: str, who: str) -> RunRequest:
+    return RunRequest(pr.repo, pr.number, pr.head_sha, tuple(batches), trigger, who)
+
+
+def _approval(pr: PullRequest, approver: str, via: ApprovalVia) -> Approval:
+    return Approval(pr.repo, pr.number, pr.head_sha, approver, via)
+
+
+def _with_approval(decision: Decision, approval: Approval) -> Decision:
+    effects = (Effect.STORE_APPROVAL, *decision.effects)
+    return Decision(
+        decision.trust,
+        decision.sha,
+        decision.reasons,
+        effects,
+        decision.run,
+        approval,
+        decision.reply,
+    )
+
+
+def _trust_reason(pr: PullRequest, trust: Trust, author_role: Role) -> str:
+    if trust is Trust.TRUSTED:
+        return f"Same-repository PR by @{pr.author} (`{author_role}`): trusted."
+    if trust is Trust.APPROVED:
+        return f"Commit {_short(pr.head_sha)} is approved."
+    return _approval_needed(pr, author_role)
+
+
+def _approval_needed(pr: PullRequest, author_role: Role) -> str:
+    if pr.same_repo:
+        why = f"@{pr.author} has `{author_role}` access, not write"
+    else:
+        why = f"the PR comes from the fork `{pr.head_repo or '(deleted)'}`"
+    return (
+        f"GPU runs need approval: {why}. A user with write access can approve commit "
+        f'{_short(pr.head_sha)} with the "{APPROVE_ACTION_LABEL}" button, the approval '
+        "label or `/gpuci approve`."
+    )
+
+
+def _short(sha: str) -> str:
+    return f"`{sha[:12]}`"
+
+
+def _names(batches: Sequence[str]) -> str:
+    return ", ".join(f"`{b}`" for b in batches)
+
+
+def _epoch(timestamp: object) -> float | None:
+    """GitHub's ISO 8601 `2019-05-15T15:20:21Z` as epoch seconds; None when absent or bad."""
+    if not isinstance(timestamp, str):
+        return None
+    try:
+        return datetime.fromisoformat(timestamp).timestamp()
+    except ValueError:
+        return None
+
+
+__all__ = [
+    "APPROVE_ACTION_DESCRIPTION",
+    "APPROVE_ACTION_ID",
+    "APPROVE_ACTION_LABEL",
+    "RUNNABLE",
+    "Actor",
+    "Approval",
+    "ApprovalVia",
+    "CheckRunAction",
+    "CommentEvent",
+    "Decision",
+    "Effect",
+    "PullRequest",
+    "PullRequestEvent",
+    "Role",
+    "RunRequest",
+    "Trust",
+    "classify_pr",
+    "decide_button",
+    "decide_command",
+    "decide_pull_request",
+    "is_sha",
+    "may_start",
+    "role_from_api",
+]
