@@ -1,0 +1,125 @@
+"""Benchmark: parse_junit against junitparser on a generated 100,000-testcase JUnit file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Each parser runs in a fresh process so that its peak RSS is its own.
+GPUCI = """
+import json, resource, sys, time
+from pathlib import Path
+from workers.junit import parse_junit
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+s = parse_junit([Path(sys.argv[1])])
+seconds = time.perf_counter() - start
+counts = [s.tests, s.passed, s.failed, s.errors, s.skipped + s.xfailed]
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"seconds": seconds, "rss_kb": rss, "before_kb": before, "counts": counts}))
+"""
+
+JUNITPARSER = """
+import json, resource, sys, time
+from collections import Counter
+from junitparser import Error, Failure, JUnitXml, Skipped
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+seen = Counter()
+for suite in JUnitXml.fromfile(sys.argv[1]):
+    for case in suite:
+        kinds = {type(r) for r in case.result}
+        seen["tests"] += 1
+        seen["passed"] += not kinds
+        seen["failed"] += Failure in kinds
+        seen["errors"] += Error in kinds
+        seen["skipped"] += Skipped in kinds
+seconds = time.perf_counter() - start
+counts = [seen[k] for k in ("tests", "passed", "failed", "errors", "skipped")]
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"seconds": seconds, "rss_kb": rss, "before_kb": before, "counts": counts}))
+"""
+
+
+def write_junit(path: Path, cases: int, traceback_lines: int) -> None:
+    """pytest-like output: 1 in 10 failing with a traceback, 1 in 10 skipped, 1 in 20 xfail."""
+    tb = "".join(f"    x = model(batch)  # step {n}\n" for n in range(traceback_lines))
+    with path.open("w", encoding="utf-8") as out:
+        out.write('<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">')
+        out.write(f'<testsuite name="pytest" tests="{cases}" time="3600.0">')
+        for i in range(cases):
+            out.write(_testcase(i, tb))
+        out.write("</testsuite></testsuites>")
+
+
+def _testcase(i: int, tb: str) -> str:
+    module = f"tests/test_m{i % 200}"
+    attrs = f'classname="{module.replace("/", ".")}.TestModel" name="test_case_{i}[bf16]" '
+    attrs += f'file="{module}.py" line="{i % 900}" time="{(i % 997) / 100:.3f}"'
+    if i % 10 == 0:
+        body = f'<failure message="AssertionError: mismatch {i}">{tb}'
+        body += f"{module}.py:{i % 900 + 4}: AssertionError</failure>"
+    elif i % 10 == 1:
+        body = f'<skipped type="pytest.skip" message="needs {i % 4 + 1} GPUs">skip</skipped>'
+    elif i % 20 == 2:
+        body = '<skipped type="pytest.xfail" message="known cuBLAS bug"/>'
+    else:
+        body = "<system-out>loss 0.125\nstep done\n</system-out>"
+    return f"<testcase {attrs}>{body}</testcase>\n"
+
+
+def measure(code: str, path: Path) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--cases", type=int, default=100_000)
+    parser.add_argument("--traceback-lines", type=int, default=30)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "junit.xml"
+        write_junit(path, args.cases, args.traceback_lines)
+        size_mb = path.stat().st_size / 2**20
+        print(f"{args.cases} testcases, {size_mb:.1f} MiB of JUnit XML")
+        results = {"gpuci parse_junit": measure(GPUCI, path)}
+        try:
+            results["junitparser"] = measure(JUNITPARSER, path)
+        except subprocess.CalledProcessError as exc:
+            print(f"junitparser not measured: {exc.stderr.strip().splitlines()[-1]}")
+    report(results)
+
+
+def growth_mib(result: dict[str, object]) -> float:
+    """Peak RSS during the parse, above the process's peak after its imports."""
+    return max(int(str(result["rss_kb"])) - int(str(result["before_kb"])), 0) / 1024
+
+
+def report(results: dict[str, dict[str, object]]) -> None:
+    for name, r in results.items():
+        seconds, base = float(str(r["seconds"])), int(str(r["before_kb"])) / 1024
+        print(f"{name:18} {seconds:6.2f} s  peak RSS +{growth_mib(r):6.1f} MiB over {base:.1f} MiB")
+        print(f"{'':18} counts (tests passed failed errors skipped): {r['counts']}")
+    if len(results) == 2:
+        ours, theirs = results.values()
+        t = float(str(theirs["seconds"])) / float(str(ours["seconds"]))
+        m = growth_mib(theirs) / max(growth_mib(ours), 0.1)
+        print(f"junitparser / gpuci: time x{t:.2f}, memory growth x{m:.0f} (gpuci floor 0.1 MiB)")
+
+
+if __name__ == "__main__":
+    main()
