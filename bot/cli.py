@@ -92,7 +92,9 @@ def cmd_web(args: argparse.Namespace, settings: Settings) -> int:
     from app import create_app
 
     if not settings.webhook_secret:
-        print("gpuci web: set GPUCI_WEBHOOK_SECRET (the GitHub App's webhook secret)", file=sys.stderr)
+        print(
+            "gpuci web: set GPUCI_WEBHOOK_SECRET (the GitHub App's webhook secret)", file=sys.stderr
+        )
         return EXIT_UNUSABLE
     create_app(settings).run(host=args.bind, port=args.port)
     return EXIT_OK
@@ -116,8 +118,13 @@ def cmd_gpus(args: argparse.Namespace, settings: Settings) -> int:
     from redis.exceptions import RedisError
 
     from workers import leases
-    from workers.gpus import GpuBackendError, gpu_states, inventory_entry, open_backend
-    from workers.gpus import render_gpu_table
+    from workers.gpus import (
+        GpuBackendError,
+        gpu_states,
+        inventory_entry,
+        open_backend,
+        render_gpu_table,
+    )
 
     try:
         backend = open_backend(settings.gpu_backend)
@@ -126,7 +133,9 @@ def cmd_gpus(args: argparse.Namespace, settings: Settings) -> int:
         print(f"gpuci gpus: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     try:
-        held = leases.holders(Redis.from_url(settings.redis_url, socket_timeout=2), settings.host, indices)
+        held = leases.holders(
+            Redis.from_url(settings.redis_url, socket_timeout=2), settings.host, indices
+        )
         leased = {i: who for i, who in held.items() if who}
     except RedisError as exc:
         print(f"gpuci gpus: leases unknown (Redis unreachable: {exc})", file=sys.stderr)
@@ -174,8 +183,11 @@ def cmd_run_batch(args: argparse.Namespace, settings: Settings) -> int:
         print(f"gpuci run-batch: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     except RedisError as exc:
-        print(f"gpuci run-batch: Redis at {settings.redis_url} is unreachable ({exc}); "
-              "GPU leases live there: start redis-server or set REDIS_URL", file=sys.stderr)
+        print(
+            f"gpuci run-batch: Redis at {settings.redis_url} is unreachable ({exc}); "
+            "GPU leases live there: start redis-server or set REDIS_URL",
+            file=sys.stderr,
+        )
         return EXIT_UNUSABLE
     _emit(result.output.title, result.output.summary, result.output.text, result.to_json(), args)
     print(f"log: {result.outcome.log_path}", file=sys.stderr)
@@ -206,10 +218,14 @@ def cmd_summarize(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_FAILED if conclusion.is_failure else EXIT_OK
 
 
-def _emit(title: str, summary: str, text: str, data: dict[str, Any], args: argparse.Namespace) -> None:
+def _emit(
+    title: str, summary: str, text: str, data: dict[str, Any], args: argparse.Namespace
+) -> None:
     """Print the Check Run as GitHub shows it; write the JSON and markdown files if asked."""
+    from workers.checks import as_terminal
+
     markdown = f"# {title}\n\n{summary}\n" + (f"\n{text}\n" if text else "")
-    print(markdown)
+    print(as_terminal(markdown))
     if args.json:
         args.json.write_text(json.dumps(data, indent=2) + "\n")
     if args.markdown:

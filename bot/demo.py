@@ -35,15 +35,31 @@ def run_demo(settings: Settings, *, once: bool = True) -> int:
                 kill_grace_s=2.0,
                 idle_sample_interval_s=0.01,
             )
-            say(f"gpuci demo: {len(config.batches)} batches of {SAMPLE_REPO.name} "
-                f"on a simulated host ({DEMO_BACKEND}), Redis at {url}\n")
+            say(
+                f"gpuci demo: {len(config.batches)} batches of {SAMPLE_REPO.name} "
+                f"on a simulated host ({DEMO_BACKEND}), Redis at {url}\n"
+            )
             for n, name in enumerate(config.batches, 1):
-                say(f"[{n}/{len(config.batches)}] batch {name} "
-                    f"({config.batches[name].gpus} GPUs) ...")
-                result = run_on_host(settings=demo, config=config, batch_name=name,
-                                     source=SAMPLE_REPO, sha="", progress=lambda m: say(f"    {m}"))
-                say(_render(result.batch, result.conclusion.value, result.output.title,
-                            result.output.summary))
+                say(
+                    f"[{n}/{len(config.batches)}] batch {name} "
+                    f"({config.batches[name].gpus} GPUs) ..."
+                )
+                result = run_on_host(
+                    settings=demo,
+                    config=config,
+                    batch_name=name,
+                    source=SAMPLE_REPO,
+                    sha="",
+                    progress=lambda m: say(f"    {m}"),
+                )
+                say(
+                    _render(
+                        result.batch,
+                        result.conclusion.value,
+                        result.output.title,
+                        result.output.summary,
+                    )
+                )
     except RedisUnavailable as exc:
         print(f"gpuci demo: {exc}", file=sys.stderr)
         return 2
@@ -52,5 +68,8 @@ def run_demo(settings: Settings, *, once: bool = True) -> int:
 
 
 def _render(batch: str, conclusion: str, title: str, summary: str) -> str:
+    from workers.checks import as_terminal
+
     rule = "-" * 72
-    return f"{rule}\ngpuci / batch {batch}: {conclusion.upper()} - {title}\n{rule}\n{summary}\n"
+    head = f"gpuci / batch {batch}: {conclusion.upper()} - {title}"
+    return f"{rule}\n{head}\n{rule}\n{as_terminal(summary)}\n"

@@ -48,7 +48,9 @@ class Settings:
     max_body_bytes: int = 25 * 1024 * 1024
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None, dotenv: str | None = ".env") -> Settings:
+    def from_env(
+        cls, environ: dict[str, str] | None = None, dotenv: str | None = ".env"
+    ) -> Settings:
         """Read GPUCI_* variables (and REDIS_URL); values from `dotenv` fill what is unset."""
         env = dict(_read_dotenv(Path(dotenv))) if dotenv else {}
         env.update(os.environ if environ is None else environ)

@@ -56,9 +56,7 @@ def verify_signature(secret: str, body: bytes, header: str | None) -> bool:
     return hmac.compare_digest(signature_of(secret, body), header.strip())
 
 
-def check_delivery(
-    secret: str, body: bytes, headers: Headers
-) -> tuple[Rejection | None, Any]:
+def check_delivery(secret: str, body: bytes, headers: Headers) -> tuple[Rejection | None, Any]:
     """Verify and parse a delivery: (None, payload) when acceptable, else (Rejection, None)."""
     if not verify_signature(secret, body, headers.get("X-Hub-Signature-256")):
         return Rejection(401, "signature missing or wrong (X-Hub-Signature-256)"), None

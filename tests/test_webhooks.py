@@ -26,14 +26,21 @@ def real_examples() -> list[tuple[str, dict[str, Any]]]:
 
 
 @pytest.fixture
-def client(redis_conn: Redis, redis_url: str):  # type: ignore[no-untyped-def]
+def client(redis_conn: Redis, redis_url: str):
     settings = Settings(redis_url=redis_url, webhook_secret=SECRET, max_body_bytes=1024 * 1024)
     app = create_app(settings, redis=redis_conn)
     return app.test_client()
 
 
-def post(client, body: bytes, event: str = "pull_request", *, secret: str = SECRET,
-         delivery: str | None = None, signature: str | None = None):  # type: ignore[no-untyped-def]
+def post(
+    client,
+    body: bytes,
+    event: str = "pull_request",
+    *,
+    secret: str = SECRET,
+    delivery: str | None = None,
+    signature: str | None = None,
+):
     headers = {
         "X-GitHub-Event": event,
         "X-GitHub-Delivery": delivery or str(uuid.uuid4()),
@@ -53,7 +60,7 @@ def test_signature_matches_githubs_documented_example() -> None:
 
 
 @pytest.mark.parametrize(("event", "payload"), real_examples())
-def test_every_real_example_gets_a_non_5xx_answer(client, redis_conn, event, payload) -> None:  # type: ignore[no-untyped-def]
+def test_every_real_example_gets_a_non_5xx_answer(client, redis_conn, event, payload) -> None:
     response = post(client, json.dumps(payload).encode(), event)
     assert response.status_code < 500
     if event == "ping":
@@ -64,7 +71,7 @@ def test_every_real_example_gets_a_non_5xx_answer(client, redis_conn, event, pay
         assert queued == (1 if event in webhooks.HANDLED_EVENTS else 0)
 
 
-def test_queued_job_carries_plain_values(client, redis_conn) -> None:  # type: ignore[no-untyped-def]
+def test_queued_job_carries_plain_values(client, redis_conn) -> None:
     payload = {"action": "opened", "number": 7}
     delivery = str(uuid.uuid4())
     assert post(client, json.dumps(payload).encode(), delivery=delivery).status_code == 202
@@ -73,7 +80,7 @@ def test_queued_job_carries_plain_values(client, redis_conn) -> None:  # type: i
     assert job.args == ("pull_request", delivery, payload)
 
 
-def test_repeated_delivery_is_accepted_but_queued_once(client, redis_conn) -> None:  # type: ignore[no-untyped-def]
+def test_repeated_delivery_is_accepted_but_queued_once(client, redis_conn) -> None:
     body, delivery = b'{"action": "opened"}', str(uuid.uuid4())
     first = post(client, body, delivery=delivery)
     second = post(client, body, delivery=delivery)
@@ -90,14 +97,16 @@ def test_repeated_delivery_is_accepted_but_queued_once(client, redis_conn) -> No
         ({"event": ""}, 400, "X-GitHub-Event"),
     ],
 )
-def test_bad_deliveries_are_refused_with_reason(client, redis_conn, change, status, message) -> None:  # type: ignore[no-untyped-def]
+def test_bad_deliveries_are_refused_with_reason(
+    client, redis_conn, change, status, message
+) -> None:
     response = post(client, b'{"action": "opened"}', **change)
     assert response.status_code == status
     assert message in response.get_json()["error"]
     assert Queue(webhooks.EVENTS_QUEUE, connection=redis_conn).count == 0
 
 
-def test_missing_signature_header_is_401(client) -> None:  # type: ignore[no-untyped-def]
+def test_missing_signature_header_is_401(client) -> None:
     response = client.post(
         "/webhook", data=b"{}", headers={"X-GitHub-Event": "ping", "X-GitHub-Delivery": "1"}
     )
@@ -105,20 +114,20 @@ def test_missing_signature_header_is_401(client) -> None:  # type: ignore[no-unt
 
 
 @pytest.mark.parametrize("body", [b"{not json", b"\xff\xfe\x00", b"[1, 2]", b""])
-def test_malformed_body_is_400(client, body: bytes) -> None:  # type: ignore[no-untyped-def]
+def test_malformed_body_is_400(client, body: bytes) -> None:
     response = post(client, body)
     assert response.status_code == 400
     assert "JSON" in response.get_json()["error"]
 
 
-def test_oversized_body_is_413_before_anything_else(client) -> None:  # type: ignore[no-untyped-def]
+def test_oversized_body_is_413_before_anything_else(client) -> None:
     body = b'{"pad": "' + b"x" * (2 * 1024 * 1024) + b'"}'
     response = post(client, body)
     assert response.status_code == 413
     assert response.is_json
 
 
-def test_redis_down_is_503_and_nothing_is_remembered(redis_conn) -> None:  # type: ignore[no-untyped-def]
+def test_redis_down_is_503_and_nothing_is_remembered(redis_conn) -> None:
     dead = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2)
     app = create_app(Settings(webhook_secret=SECRET), redis=dead)
     response = post(app.test_client(), b'{"action": "opened"}')
@@ -126,14 +135,14 @@ def test_redis_down_is_503_and_nothing_is_remembered(redis_conn) -> None:  # typ
     assert "retry" in response.get_json()["error"]
 
 
-def test_unknown_route_and_method_are_json_errors(client) -> None:  # type: ignore[no-untyped-def]
+def test_unknown_route_and_method_are_json_errors(client) -> None:
     assert client.get("/nope").status_code == 404
     response = client.get("/webhook")
     assert response.status_code == 405
     assert response.is_json
 
 
-def test_healthz_reports_redis(client, redis_conn) -> None:  # type: ignore[no-untyped-def]
+def test_healthz_reports_redis(client, redis_conn) -> None:
     response = client.get("/healthz")
     assert response.status_code == 200
     assert response.get_json()["redis"] == "ok"

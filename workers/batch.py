@@ -145,15 +145,26 @@ def _run_leased(
     heartbeat = leases.LeaseHeartbeat(conn, settings.host, indices, owner, settings.lease_ttl_s)
     try:
         with heartbeat:
-            free = [max(0, (s.gpu.memory_total_mb or 0) - (s.gpu.memory_used_mb or 0)) for s in chosen]
+            free = [
+                max(0, (s.gpu.memory_total_mb or 0) - (s.gpu.memory_used_mb or 0)) for s in chosen
+            ]
             workers = resolve_workers(batch, free)
 
             def gpu_pids() -> set[int]:
                 return _pids_on(backend, indices)
 
             progress(f"batch {batch.name}: running on GPUs {list(indices)} of {settings.host}")
-            outcome = _run(settings, config, batch, source, run_id, indices, backend.simulated,
-                           workers, gpu_pids)
+            outcome = _run(
+                settings,
+                config,
+                batch,
+                source,
+                run_id,
+                indices,
+                backend.simulated,
+                workers,
+                gpu_pids,
+            )
             _wait_until_free(backend, indices, settings.kill_grace_s)
     finally:
         leases.release(conn, settings.host, indices, chosen_owner)
@@ -259,7 +270,11 @@ def _result(
         cancelled=outcome.cancelled,
         error=error,
     )
-    notes = [f"{len(outcome.killed_pids)} stray processes killed after the run"] if outcome.killed_pids else []
+    notes = (
+        [f"{len(outcome.killed_pids)} stray processes killed after the run"]
+        if outcome.killed_pids
+        else []
+    )
     output = render_check_output(
         batch=batch.name,
         sha=sha,
@@ -271,8 +286,9 @@ def _result(
         log_tail=outcome.log_tail,
         notes=notes,
     )
-    return BatchResult(batch.name, sha, settings.host, conclusion, title, summary, gpus, outcome,
-                       output, notes)
+    return BatchResult(
+        batch.name, sha, settings.host, conclusion, title, summary, gpus, outcome, output, notes
+    )
 
 
 def _summarize(outcome: RunOutcome) -> tuple[Summary, str | None]:
@@ -281,13 +297,13 @@ def _summarize(outcome: RunOutcome) -> tuple[Summary, str | None]:
         return Summary(), f"runtime.setup failed (exit {outcome.exit_code})"
     if outcome.preflight_error:
         return Summary(), outcome.preflight_error
-    junit = Path(outcome.junit_path)
-    if not junit.is_file():
+    junit = outcome.junit_path
+    if junit is None or not junit.is_file():
         if outcome.timed_out or outcome.cancelled or outcome.exit_code == 5:
             return Summary(), None
         return Summary(), f"pytest exited with code {outcome.exit_code} and wrote no JUnit report"
     try:
-        report = Path(outcome.report_path)
-        return parse_junit([junit], report if report.is_file() else None), None
+        report = outcome.report_path
+        return parse_junit([junit], report if report and report.is_file() else None), None
     except JUnitError as exc:
         return Summary(), f"unreadable JUnit report: {exc}"

@@ -109,13 +109,23 @@ def render_check_output(
             _skips_section(summary),
             _slowest_section(summary),
             _gpus_section(gpus),
-            f"Commit {inline(sha)}" + (f" on host {inline(host)}" if host else "") + "\n",
+            _provenance(sha, host),
         ]
     )
     log = _log_section(log_tail) if conclusion.is_failure and log_tail else ""
     text_md = fit_markdown(_failure_sections(summary), MAX_BYTES - len(log.encode()) - 1)
     text_md = "\n".join(part for part in (text_md, log) if part)
     return CheckOutput(title, summary_md, text_md, failure_annotations(summary.failures))
+
+
+def _provenance(sha: str, host: str) -> str:
+    where = f" on host {inline(host)}" if host else ""
+    return (f"Commit {inline(sha)}" if sha else "Local source (no commit)") + where + "\n"
+
+
+def as_terminal(markdown: str) -> str:
+    """Check Run markdown for a terminal: markdown escapes and HTML entities undone."""
+    return html.unescape(re.sub(r"\\([\\`*_{}\[\]()#+\-.!|~>])", r"\1", markdown))
 
 
 def inline(text: str) -> str:
