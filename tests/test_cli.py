@@ -206,3 +206,21 @@ def test_demo_runs_every_sample_batch(
         assert f"gpuci / batch {name}: {conclusion.upper()}" in out
     assert "1 test marked xfail now passes: remove the marker" in out
     assert "Not validated: 0 passed, 4 skipped" in out
+
+
+def test_pytest_usage_error_is_a_failure_with_the_log(
+    env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = env / "repo"
+    (source / "tests").mkdir(parents=True)
+    (source / "tests" / "test_a.py").write_text("def test_a():\n    pass\n")
+    (source / ".gpuci.yml").write_text(
+        "version: 1\nbatches:\n  bad: {gpus: 0, tests: [tests], pytest_args: [--no-such-flag]}\n"
+    )
+    out = env / "bad.json"
+    code = main(["run-batch", "bad", "--source", str(source), "--json", str(out)])
+    assert code == 1
+    summary = json.loads(out.read_text())
+    assert summary["conclusion"] == "failure"
+    assert "bad command line" in summary["title"]
+    assert "--no-such-flag" in capsys.readouterr().out  # the log tail is shown

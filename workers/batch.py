@@ -21,6 +21,12 @@ from workers.junit import JUnitError, Summary, parse_junit
 from workers.runner import RunOutcome, RunRequest, resolve_workers, run_batch
 
 Progress = Callable[[str], None]
+# pytest's exit codes that mean the run itself went wrong, whatever the JUnit file says.
+PYTEST_TROUBLE = {
+    2: "was interrupted",
+    3: "hit an internal error",
+    4: "was given a bad command line (see the log)",
+}
 
 
 class BatchError(Exception):
@@ -297,6 +303,8 @@ def _summarize(outcome: RunOutcome) -> tuple[Summary, str | None]:
         return Summary(), f"runtime.setup failed (exit {outcome.exit_code})"
     if outcome.preflight_error:
         return Summary(), outcome.preflight_error
+    if outcome.exit_code in PYTEST_TROUBLE and not (outcome.timed_out or outcome.cancelled):
+        return Summary(), f"pytest {PYTEST_TROUBLE[outcome.exit_code]} (exit {outcome.exit_code})"
     junit = outcome.junit_path
     if junit is None or not junit.is_file():
         if outcome.timed_out or outcome.cancelled or outcome.exit_code == 5:
