@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -44,6 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     web.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     web.set_defaults(handler=cmd_web)
+
+    events = sub.add_parser("events", help="the events worker: webhook deliveries -> Check Runs")
+    events.set_defaults(handler=cmd_events)
+
+    runs = sub.add_parser("runs", help="list the runs in Redis, newest first")
+    runs.add_argument("--json", action="store_true", help="print a JSON list of runs")
+    runs.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    runs.set_defaults(handler=cmd_runs)
 
     config = sub.add_parser("config", help="work with .gpuci.yml")
     config_sub = config.add_subparsers(title="config commands", metavar="SUBCOMMAND")
@@ -97,6 +106,53 @@ def cmd_web(args: argparse.Namespace, settings: Settings) -> int:
         )
         return EXIT_UNUSABLE
     create_app(settings).run(host=args.bind, port=args.port)
+    return EXIT_OK
+
+
+def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
+    from redis import Redis
+    from rq import SimpleWorker
+
+    from bot.github_app import GitHubApp, GitHubAppError
+    from bot.webhooks import EVENTS_QUEUE
+
+    try:
+        GitHubApp.from_settings(settings)
+    except GitHubAppError as exc:
+        print(f"gpuci events: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.getLogger("gpuci").addHandler(handler)
+    logging.getLogger("gpuci").setLevel(logging.INFO)
+    # SimpleWorker: jobs run in this process, so the GitHub clients and their installation
+    # tokens (bot.events.context) are built once and reused, not once per forked job.
+    worker = SimpleWorker([EVENTS_QUEUE], connection=Redis.from_url(settings.redis_url))
+    worker.work(with_scheduler=False)
+    return EXIT_OK
+
+
+def cmd_runs(args: argparse.Namespace, settings: Settings) -> int:
+    from redis import Redis
+    from redis.exceptions import RedisError
+
+    from bot.runs import list_runs
+
+    try:
+        found = list_runs(Redis.from_url(settings.redis_url, socket_timeout=5), args.limit)
+    except RedisError as exc:
+        print(f"gpuci runs: Redis at {settings.redis_url} is unreachable ({exc})", file=sys.stderr)
+        return EXIT_UNUSABLE
+    if args.json:
+        print(json.dumps([run.to_json() for run in found], indent=2))
+        return EXIT_OK
+    print(f"{'run':>6}  {'repo':<24} {'PR':>5}  {'sha':<10}  {'batch':<10} {'state':<17} detail")
+    for run in found:
+        detail = run.conclusion or run.wait_reason
+        print(
+            f"{run.run_id:>6}  {run.repo:<24} {run.pr or '-':>5}  {run.sha[:10]:<10}  "
+            f"{run.batch:<10} {run.state:<17} {detail}"
+        )
     return EXIT_OK
 
 

@@ -13,3 +13,78 @@ def gpu_lease(host: str, index: int) -> str:
 def delivery(delivery_id: str) -> str:
     """String: present while a webhook delivery id counts as seen (dedupe, 7 days)."""
     return f"{PREFIX}:delivery:{delivery_id}"
+
+
+# --- runs (bot/runs.py) ----------------------------------------------------------------------
+# A run is one batch at one commit. Its states: awaiting_approval -> pending -> assigned ->
+# running -> completed, or cancelled from any state before completed.
+
+
+def _pr(repo: str, number: int) -> str:
+    return f"{repo.lower()}#{number}"
+
+
+def run_counter() -> str:
+    """String (INCR): the last run id handed out; run ids are "1", "2", ..."""
+    return f"{PREFIX}:run-ids"
+
+
+def run(run_id: str) -> str:
+    """Hash: one run, every field of `bot.runs.Run` (gpus as JSON, times as epoch seconds)."""
+    return f"{PREFIX}:run:{run_id}"
+
+
+def all_runs() -> str:
+    """Sorted set: every run id, scored by creation time (for listing)."""
+    return f"{PREFIX}:runs"
+
+
+def pr_runs(repo: str, number: int) -> str:
+    """Sorted set: the run ids of one PR (number 0: the default branch), scored by creation."""
+    return f"{PREFIX}:runs:pr:{_pr(repo, number)}"
+
+
+def sha_runs(repo: str, sha: str) -> str:
+    """Set: the run ids at one commit of a repository (check suite re-runs)."""
+    return f"{PREFIX}:runs:sha:{repo.lower()}:{sha}"
+
+
+def pending_runs() -> str:
+    """Sorted set: runs waiting for a GPU host; score = priority * 1e10 + created_at, so the
+    lowest score is next: PR runs, then command/rerun/approval runs, then schedules; oldest
+    first within a priority."""
+    return f"{PREFIX}:runs:pending"
+
+
+def approval(repo: str, number: int) -> str:
+    """Hash {sha, approver, via, at}: the one approval of a PR, of exactly one commit."""
+    return f"{PREFIX}:approval:{_pr(repo, number)}"
+
+
+def head_seen(repo: str, number: int, sha: str) -> str:
+    """String: epoch seconds when gpuci first saw `sha` as the PR's head (30 days)."""
+    return f"{PREFIX}:head-seen:{_pr(repo, number)}:{sha}"
+
+
+def command_runs(repo: str, number: int) -> str:
+    """Sorted set: runs a `/gpuci` command started on a PR, scored by start time (rate rule)."""
+    return f"{PREFIX}:command-runs:{_pr(repo, number)}"
+
+
+def check_runs(repo: str, sha: str, name: str) -> str:
+    """Hash purpose -> check run id ("attempt" while a create is in flight): the Check Runs gpuci
+    made called `name` at `sha`, so that handling an event again never creates a duplicate."""
+    return f"{PREFIX}:checks:{repo.lower()}:{sha}:{name}"
+
+
+# --- events (bot/events.py) ------------------------------------------------------------------
+
+
+def delivery_steps(delivery_id: str) -> str:
+    """Set: the effects (comments, reactions) already done for a delivery (7 days)."""
+    return f"{PREFIX}:delivery-steps:{delivery_id}"
+
+
+def installation(installation_id: int) -> str:
+    """Hash {account, action, repositories (JSON), at}: the App's last news of an installation."""
+    return f"{PREFIX}:installation:{installation_id}"

@@ -23,6 +23,8 @@ class Settings:
     private_key_path: str = ""
     # REST base URL: https://api.github.com, a GitHub Enterprise Server, or fakehub.
     github_api_url: str = "https://api.github.com"
+    # Seconds between two writes to GitHub (GitHub asks integrations for about 1 s; 0 in tests).
+    github_write_interval_s: float = 1.0
     # `nvml` (real GPUs) or `sim:<spec>` (simulated: `sim:8xH20-96GB` or `sim:/path/gpus.json`).
     gpu_backend: str = "nvml"
     # This GPU host's name in Redis and in Check Runs.

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import requests
 from redis import Redis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,3 +43,119 @@ def redis_conn(redis_url: str) -> Iterator[Redis]:
     yield conn
     conn.flushdb()
     conn.close()
+
+
+# --- gpuci against fakehub: the web process, the events worker and an offline GitHub ---------
+
+EVENTS_WORLD = Path(__file__).parent / "data" / "world-events.yml"
+EVENTS_SECRET = "events-secret"
+
+
+class Stack:
+    """fakehub serving tests/data/world-events.yml, delivering its webhooks to gpuci's real web
+    app on a real port; `process()` runs the events queue with a real RQ worker."""
+
+    def __init__(self, hub: Any, web_url: str, redis: Redis) -> None:
+        self.hub, self.web_url, self.redis = hub, web_url, redis
+
+    def control(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        answer = requests.request(method, f"{self.hub.url}/_fakehub/{path}", json=body, timeout=30)
+        assert answer.status_code < 300, answer.text
+        return answer.json()
+
+    def open_pr(
+        self,
+        author: str,
+        ref: str,
+        *,
+        head_repo: str | None = None,
+        repo: str = "acme/gpu",
+        draft: bool = False,
+    ) -> Any:
+        """Open a PR from branch `ref` of `head_repo` (default: `repo`); fakehub sends opened."""
+        head = {"ref": ref, "repo": head_repo or repo}
+        body = {"repo": repo, "author": author, "head": head, "draft": draft}
+        found = self.control("POST", "pulls", body)
+        assert found["delivery"]["status_code"] == 202, found["delivery"]
+        return found["pull"]
+
+    def process(self) -> int:
+        """Work the events queue until it is empty; every job must succeed."""
+        from rq import Queue, SimpleWorker
+        from rq.job import Job
+        from rq.registry import FailedJobRegistry
+
+        queue = Queue("gpuci-events", connection=self.redis)
+        SimpleWorker([queue], connection=self.redis).work(burst=True)
+        failed = FailedJobRegistry(queue=queue).get_job_ids()
+        for job_id in failed:
+            result = Job.fetch(job_id, connection=self.redis).latest_result()
+            pytest.fail(f"events job failed:\n{result.exc_string if result else job_id}")
+        return len(failed)
+
+    def deliver(self, event: str, payload: dict[str, Any], delivery_id: str) -> None:
+        """A signed webhook straight to gpuci, for events fakehub does not send."""
+        from bot.webhooks import signature_of
+
+        body = json.dumps(payload).encode()
+        headers = {
+            "Content-Type": "application/json",
+            "X-GitHub-Event": event,
+            "X-GitHub-Delivery": delivery_id,
+            "X-Hub-Signature-256": signature_of(EVENTS_SECRET, body),
+        }
+        answer = requests.post(f"{self.web_url}/webhook", data=body, headers=headers, timeout=10)
+        assert answer.status_code == 202, answer.text
+
+    def state(self) -> Any:
+        return self.control("GET", "state")
+
+    def checks(self, sha: str) -> dict[str, dict[str, Any]]:
+        """The latest check run of each name at `sha`, as GitHub shows them: name -> fields."""
+        latest: dict[str, dict[str, Any]] = {}
+        for run in sorted(self.state()["check_runs"], key=lambda r: r["id"]):
+            if run["head_sha"] == sha:
+                latest[run["fields"]["name"]] = {"id": run["id"], **run["fields"]}
+        return latest
+
+    def comments(self, number: int, repo: str = "acme/gpu") -> list[dict[str, Any]]:
+        found = self.state()["comments"]
+        return [c for c in found if c["repo"] == repo and c["issue_number"] == number]
+
+
+@pytest.fixture
+def stack(
+    redis_conn: Redis, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Stack]:
+    from werkzeug.serving import make_server
+
+    from app import create_app
+    from bot.settings import Settings
+    from fakehub.testing import running
+    from fakehub.world import load_world
+
+    world = load_world(EVENTS_WORLD)
+    key = tmp_path / "app.pem"
+    assert world.app.private_key_pem is not None
+    key.write_bytes(world.app.private_key_pem)
+    web = create_app(Settings(webhook_secret=EVENTS_SECRET, redis_url=redis_url), redis_conn)
+    server = make_server("127.0.0.1", 0, web, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    web_url = f"http://127.0.0.1:{server.port}"
+    try:
+        with running(world, webhook_url=f"{web_url}/webhook", webhook_secret=EVENTS_SECRET) as hub:
+            for name, value in {
+                "REDIS_URL": redis_url,
+                "GPUCI_APP_ID": str(world.app.id),
+                "GPUCI_PRIVATE_KEY_PATH": str(key),
+                "GPUCI_GITHUB_API_URL": hub.url,
+                "GPUCI_PUBLIC_URL": "https://gpuci.example.org",
+                "GPUCI_GITHUB_WRITE_INTERVAL_S": "0",
+            }.items():
+                monkeypatch.setenv(name, value)
+            yield Stack(hub, web_url, redis_conn)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

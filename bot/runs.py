@@ -1,0 +1,314 @@
+"""Runs, approvals and the events worker's bookkeeping in Redis (keys in bot/keys.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from enum import StrEnum
+from typing import Any
+
+from redis import Redis
+
+from bot import keys
+from bot.trust import Approval, ApprovalVia
+
+HEAD_SEEN_TTL_S = 30 * 24 * 3600
+CHECK_RECORD_TTL_S = 90 * 24 * 3600
+COMMAND_WINDOW_S = 3600
+ATTEMPT = "attempt"
+
+
+class RunState(StrEnum):
+    AWAITING_APPROVAL = "awaiting_approval"  # a writer must approve the commit first
+    PENDING = "pending"  # waiting for a GPU host (in the pending set)
+    ASSIGNED = "assigned"  # a host leased GPUs for it
+    RUNNING = "running"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+
+
+ACTIVE = frozenset(
+    {RunState.AWAITING_APPROVAL, RunState.PENDING, RunState.ASSIGNED, RunState.RUNNING}
+)
+
+
+class RunTrigger(StrEnum):
+    PULL_REQUEST = "pull_request"
+    COMMAND = "command"
+    RERUN = "rerun"
+    APPROVAL = "approval"
+    SCHEDULE = "schedule"
+
+
+# Lower runs first: automatic PR runs, then what a person asked for, then schedules.
+PRIORITY = {
+    RunTrigger.PULL_REQUEST: 0,
+    RunTrigger.COMMAND: 1,
+    RunTrigger.RERUN: 1,
+    RunTrigger.APPROVAL: 1,
+    RunTrigger.SCHEDULE: 2,
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One batch at one commit. `pr` is 0 for default-branch (scheduled) runs; `config_text` is
+    the default branch's .gpuci.yml the run was decided with; `check_run_id` its Check Run."""
+
+    run_id: str
+    repo: str
+    installation_id: int
+    pr: int
+    sha: str
+    batch: str
+    trigger: RunTrigger
+    requested_by: str
+    state: RunState
+    created_at: float
+    updated_at: float
+    config_text: str = ""
+    check_run_id: int = 0
+    conclusion: str = ""
+    title: str = ""
+    wait_reason: str = ""
+    host: str = ""
+    gpus: tuple[int, ...] = field(default=())
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["gpus"] = list(self.gpus)
+        return data
+
+
+def _encode(run: Run) -> dict[Any, Any]:
+    return {k: json.dumps(list(v)) if k == "gpus" else str(v) for k, v in asdict(run).items()}
+
+
+_TYPES = {f.name: f.type for f in fields(Run)}
+
+
+def _decode(raw: dict[bytes | str, bytes | str]) -> Run:
+    data = {_text(k): _text(v) for k, v in raw.items()}
+    values: dict[str, Any] = {}
+    for name, kind in _TYPES.items():
+        text = data.get(name, "")
+        if name == "gpus":
+            values[name] = tuple(json.loads(text or "[]"))
+        elif kind in ("int",):
+            values[name] = int(text or 0)
+        elif kind == "float":
+            values[name] = float(text or 0)
+        else:
+            values[name] = text
+    values["trigger"] = RunTrigger(values["trigger"])
+    values["state"] = RunState(values["state"])
+    return Run(**values)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _score(run: Run) -> float:
+    return PRIORITY[run.trigger] * 1e10 + run.created_at
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+def create_run(
+    conn: Redis,
+    *,
+    repo: str,
+    installation_id: int,
+    pr: int,
+    sha: str,
+    batch: str,
+    trigger: RunTrigger,
+    requested_by: str,
+    state: RunState = RunState.PENDING,
+    config_text: str = "",
+    wait_reason: str = "",
+) -> Run:
+    """A new run with the next id, indexed by PR and commit; pending runs join the pending set."""
+    now = time.time()
+    run = Run(
+        run_id=str(conn.incr(keys.run_counter())),
+        repo=repo,
+        installation_id=installation_id,
+        pr=pr,
+        sha=sha,
+        batch=batch,
+        trigger=trigger,
+        requested_by=requested_by,
+        state=state,
+        created_at=now,
+        updated_at=now,
+        config_text=config_text,
+        wait_reason=wait_reason,
+    )
+    pipe = conn.pipeline()
+    pipe.hset(keys.run(run.run_id), mapping=_encode(run))
+    pipe.zadd(keys.all_runs(), {run.run_id: now})
+    pipe.zadd(keys.pr_runs(repo, pr), {run.run_id: now})
+    pipe.sadd(keys.sha_runs(repo, sha), run.run_id)
+    if state is RunState.PENDING:
+        pipe.zadd(keys.pending_runs(), {run.run_id: _score(run)})
+    pipe.execute()
+    return run
+
+
+def get_run(conn: Redis, run_id: str) -> Run | None:
+    raw = conn.hgetall(keys.run(run_id))
+    return _decode(raw) if raw else None
+
+
+def update_run(conn: Redis, run: Run, **changes: Any) -> Run:
+    """Store changed fields; the pending set follows the state (member while pending)."""
+    updated = replace(run, **changes, updated_at=time.time())
+    encoded = _encode(updated)
+    pipe = conn.pipeline()
+    pipe.hset(keys.run(run.run_id), mapping={k: encoded[k] for k in (*changes, "updated_at")})
+    if updated.state is RunState.PENDING:
+        pipe.zadd(keys.pending_runs(), {run.run_id: _score(updated)})
+    else:
+        pipe.zrem(keys.pending_runs(), run.run_id)
+    pipe.execute()
+    return updated
+
+
+def mark_pending(conn: Redis, run: Run, trigger: RunTrigger, requested_by: str) -> Run:
+    """An approved run: now it waits for a GPU host."""
+    return update_run(
+        conn,
+        run,
+        state=RunState.PENDING,
+        trigger=trigger,
+        requested_by=requested_by,
+        wait_reason="waiting for a GPU host",
+    )
+
+
+def mark_awaiting(conn: Redis, run: Run, reason: str) -> Run:
+    """A run that needs a writer's approval of its commit before it may wait for a host."""
+    return update_run(conn, run, state=RunState.AWAITING_APPROVAL, wait_reason=reason)
+
+
+def _runs(conn: Redis, run_ids: Iterable[Any]) -> list[Run]:
+    found = (get_run(conn, _text(i)) for i in run_ids)
+    return [r for r in found if r is not None]
+
+
+def runs_of_pr(conn: Redis, repo: str, number: int) -> list[Run]:
+    """Every run of a PR, oldest first."""
+    return _runs(conn, conn.zrange(keys.pr_runs(repo, number), 0, -1))
+
+
+def runs_at_sha(conn: Redis, repo: str, sha: str) -> list[Run]:
+    """Every run at one commit, oldest first."""
+    found = _runs(conn, conn.smembers(keys.sha_runs(repo, sha)))
+    return sorted(found, key=lambda r: r.created_at)
+
+
+def pending_runs(conn: Redis, limit: int = 100) -> list[Run]:
+    """Runs waiting for a GPU host, the next one first."""
+    return _runs(conn, conn.zrange(keys.pending_runs(), 0, limit - 1))
+
+
+def list_runs(conn: Redis, limit: int = 100) -> list[Run]:
+    """The newest runs, newest first."""
+    return _runs(conn, conn.zrevrange(keys.all_runs(), 0, limit - 1))
+
+
+def cancel_runs(
+    conn: Redis, repo: str, number: int, reason: str, *, keep_sha: str | None = None
+) -> list[Run]:
+    """Cancel a PR's active runs (all, or those not at `keep_sha`); the cancelled ones."""
+    cancelled = []
+    for run in runs_of_pr(conn, repo, number):
+        if run.active and run.sha != keep_sha:
+            done = update_run(
+                conn, run, state=RunState.CANCELLED, conclusion="cancelled", wait_reason=reason
+            )
+            cancelled.append(done)
+    return cancelled
+
+
+# --- approvals and heads ---------------------------------------------------------------------
+
+
+def store_approval(conn: Redis, approval: Approval) -> None:
+    """The PR's approval (it replaces an older one: an approval covers one commit)."""
+    mapping: dict[Any, Any] = {
+        "sha": approval.sha,
+        "approver": approval.approver,
+        "via": str(approval.via),
+        "at": str(time.time()),
+    }
+    conn.hset(keys.approval(approval.repo, approval.number), mapping=mapping)
+
+
+def approval_for(conn: Redis, repo: str, number: int) -> Approval | None:
+    raw = conn.hgetall(keys.approval(repo, number))
+    if not raw:
+        return None
+    data = {_text(k): _text(v) for k, v in raw.items()}
+    return Approval(repo, number, data["sha"], data["approver"], ApprovalVia(data["via"]))
+
+
+def void_approvals(conn: Redis, repo: str, number: int) -> bool:
+    """Forget the PR's approval; True if there was one."""
+    return bool(conn.delete(keys.approval(repo, number)))
+
+
+def head_seen_at(conn: Redis, repo: str, number: int, sha: str, now: float | None = None) -> float:
+    """When gpuci first saw `sha` as the PR's head; the first call records `now`."""
+    key = keys.head_seen(repo, number, sha)
+    conn.set(key, str(time.time() if now is None else now), nx=True, ex=HEAD_SEEN_TTL_S)
+    return float(_text(conn.get(key) or b"0"))
+
+
+# --- the per-PR rate rule of command runs ----------------------------------------------------
+
+
+def record_command_runs(conn: Redis, repo: str, number: int, run_ids: Sequence[str]) -> None:
+    if run_ids:
+        now = time.time()
+        key = keys.command_runs(repo, number)
+        conn.zadd(key, dict.fromkeys(run_ids, now))
+        conn.expire(key, COMMAND_WINDOW_S * 2)
+
+
+def command_run_times(conn: Redis, repo: str, number: int) -> list[float]:
+    """Start times of the PR's command-triggered runs in the last window (older ones dropped)."""
+    key = keys.command_runs(repo, number)
+    conn.zremrangebyscore(key, "-inf", time.time() - COMMAND_WINDOW_S)
+    found: list[tuple[bytes, float]] = conn.zrange(key, 0, -1, withscores=True)  # type: ignore[assignment]
+    return [score for _, score in found]
+
+
+# --- check run records -----------------------------------------------------------------------
+
+
+def recorded_check(conn: Redis, repo: str, sha: str, name: str, purpose: str) -> int | str | None:
+    """The check run id gpuci made for `purpose`; "attempt" if a create may have been sent."""
+    raw = conn.hget(keys.check_runs(repo, sha, name), purpose)
+    if raw is None:
+        return None
+    text = _text(raw)
+    return ATTEMPT if text == ATTEMPT else int(text)
+
+
+def record_check(
+    conn: Redis, repo: str, sha: str, name: str, purpose: str, check_run_id: int | str
+) -> None:
+    """Record a check run id (or ATTEMPT, just before sending the create)."""
+    key = keys.check_runs(repo, sha, name)
+    conn.hset(key, purpose, str(check_run_id))
+    conn.expire(key, CHECK_RECORD_TTL_S)

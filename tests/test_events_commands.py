@@ -1,0 +1,196 @@
+"""`/gpuci` comments, the "Approve and run" button and Re-run, end to end through fakehub."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot import runs
+from bot.runs import RunState
+from tests.conftest import Stack
+from tests.test_events import AUTO, REPO, assert_approval_needed, assert_queued, fork_pr, states
+
+
+def comment(stack: Stack, number: int, user: str, body: str) -> Any:
+    found = stack.control("POST", f"pulls/{REPO}/{number}/comments", {"user": user, "body": body})
+    stack.process()
+    return found["comment"]
+
+
+def replies(stack: Stack, number: int) -> list[str]:
+    return [c["body"] for c in stack.comments(number) if c["user"] == "gpuci[bot]"]
+
+
+def reactions(stack: Stack, comment_id: int) -> list[str]:
+    found = next(c for c in stack.state()["comments"] if c["id"] == comment_id)
+    return [f"{r['user']}:{r['content']}" for r in found["reactions"]]
+
+
+def test_button_click_by_a_maintainer_runs_the_auto_batches(stack: Stack) -> None:
+    pr = fork_pr(stack)
+    check = stack.checks(pr["head_sha"])[AUTO[0]]
+    stack.control(
+        "POST",
+        f"check-runs/{check['id']}/requested-action",
+        {"user": "wendy", "identifier": "approve"},
+    )
+    stack.process()
+    assert_queued(stack, pr["head_sha"])
+    approval = runs.approval_for(stack.redis, REPO, pr["number"])
+    assert approval is not None and (approval.approver, approval.via) == ("wendy", "button")
+
+
+def test_button_click_by_a_reader_is_refused(stack: Stack) -> None:
+    pr = fork_pr(stack)
+    check = stack.checks(pr["head_sha"])[AUTO[0]]
+    stack.control(
+        "POST",
+        f"check-runs/{check['id']}/requested-action",
+        {"user": "rita", "identifier": "approve"},
+    )
+    stack.process()
+    assert_approval_needed(stack, pr["head_sha"])
+    [reply] = replies(stack, pr["number"])
+    assert "@rita" in reply and "needs write access" in reply
+
+
+def test_run_command_by_a_maintainer_on_a_fork_approves_and_runs_it(stack: Stack) -> None:
+    pr = fork_pr(stack)
+    sent = comment(stack, pr["number"], "alice", "LGTM\n/gpuci run batch 10")
+    assert reactions(stack, sent["id"]) == ["gpuci[bot]:eyes"]
+    assert_queued(stack, pr["head_sha"], ["gpuci / batch 10"])
+    checks = stack.checks(pr["head_sha"])
+    assert {checks[name]["conclusion"] for name in AUTO} == {"action_required"}  # not asked for
+    sha = pr["head_sha"][:7]
+    assert states(stack, pr["number"])[("10", sha)] == "pending"
+    [pending] = runs.pending_runs(stack.redis)
+    assert (pending.batch, pending.trigger, pending.requested_by) == ("10", "command", "alice")
+    approval = runs.approval_for(stack.redis, REPO, pr["number"])
+    assert approval is not None and approval.via == "command"
+    assert replies(stack, pr["number"]) == []
+
+
+def test_unknown_batch_gets_a_reply_listing_the_valid_ones(stack: Stack) -> None:
+    pr = stack.open_pr("alice", "feature")
+    stack.process()
+    comment(stack, pr["number"], "wendy", "/gpuci run batch 7")
+    [reply] = replies(stack, pr["number"])
+    assert "Unknown batch `7`" in reply
+    assert "Valid batches: `2`, `5`, `10`" in reply
+
+
+def test_command_by_a_reader_is_refused_naming_write_access(stack: Stack) -> None:
+    pr = fork_pr(stack)
+    sent = comment(stack, pr["number"], "rita", "/gpuci run all")
+    [reply] = replies(stack, pr["number"])
+    assert reply.startswith("@rita: `/gpuci` commands need write access")
+    assert "(yours: `read`)" in reply
+    assert reactions(stack, sent["id"]) == ["gpuci[bot]:eyes"]
+    assert runs.pending_runs(stack.redis) == []
+    assert runs.approval_for(stack.redis, REPO, pr["number"]) is None
+
+
+def test_help_lists_commands_and_batches(stack: Stack) -> None:
+    pr = stack.open_pr("alice", "feature")
+    stack.process()
+    comment(stack, pr["number"], "alice", "/gpuci help")
+    [reply] = replies(stack, pr["number"])
+    assert "`/gpuci run batch NAME [NAME ...]`" in reply
+    assert "Batches: `2`, `5`, `10`" in reply
+    assert "- `2`: `2`, `5`" in reply  # layer 2
+
+
+def test_commands_in_code_blocks_and_quotes_are_not_read(stack: Stack) -> None:
+    pr = fork_pr(stack)
+    body = "To run it, write:\n```\n/gpuci run all\n```\n> /gpuci approve\n`/gpuci run all`"
+    sent = comment(stack, pr["number"], "alice", body)
+    assert reactions(stack, sent["id"]) == []
+    assert replies(stack, pr["number"]) == []
+    assert runs.approval_for(stack.redis, REPO, pr["number"]) is None
+
+
+def test_the_bots_own_comments_are_ignored(stack: Stack) -> None:
+    pr = fork_pr(stack)
+    sent = comment(stack, pr["number"], "gpuci[bot]", "/gpuci run all")
+    assert reactions(stack, sent["id"]) == []
+    assert runs.pending_runs(stack.redis) == []
+    comment(stack, pr["number"], "alice", "/gpuci help")  # the reply is delivered back to gpuci
+    [bot_reply] = [c for c in stack.comments(pr["number"]) if c["body"].startswith("**gpuci")]
+    assert bot_reply["reactions"] == []
+    assert len(replies(stack, pr["number"])) == 2  # the one above and the help, nothing more
+
+
+def test_status_lists_the_prs_runs(stack: Stack) -> None:
+    pr = stack.open_pr("alice", "feature")
+    stack.process()
+    comment(stack, pr["number"], "wendy", "/gpuci status")
+    [reply] = replies(stack, pr["number"])
+    assert f"(head `{pr['head_sha'][:12]}`)" in reply
+    assert f"| `2` | `{pr['head_sha'][:10]}` | pending | waiting for a GPU host |" in reply
+    assert f"| `5` | `{pr['head_sha'][:10]}` | pending |" in reply
+
+
+def test_cancel_command_cancels_the_prs_runs(stack: Stack) -> None:
+    pr = stack.open_pr("alice", "feature")
+    stack.process()
+    comment(stack, pr["number"], "wendy", "/gpuci cancel")
+    assert runs.pending_runs(stack.redis) == []
+    for check in stack.checks(pr["head_sha"]).values():
+        assert check["conclusion"] == "cancelled"
+        assert "comment by @wendy" in check["output"]["summary"]
+
+
+def test_command_runs_are_rate_limited_per_pr(stack: Stack) -> None:
+    pr = stack.open_pr("alice", "feature")
+    stack.process()
+    earlier = [f"old-{i}" for i in range(20)]  # 20 command runs in the last hour
+    runs.record_command_runs(stack.redis, REPO, pr["number"], earlier)
+    comment(stack, pr["number"], "alice", "/gpuci run batch 10")
+    [reply] = replies(stack, pr["number"])
+    assert "Too many command-triggered runs" in reply
+    assert "10" not in {r.batch for r in runs.pending_runs(stack.redis)}
+
+
+def complete(stack: Stack, number: int, batch: str, conclusion: str) -> runs.Run:
+    """What a GPU worker will do: finish the PR's run of `batch`."""
+    run = next(r for r in runs.runs_of_pr(stack.redis, REPO, number) if r.batch == batch)
+    return runs.update_run(stack.redis, run, state=RunState.COMPLETED, conclusion=conclusion)
+
+
+def test_rerun_failed_runs_the_failed_batches_again(stack: Stack) -> None:
+    pr = stack.open_pr("alice", "feature")
+    stack.process()
+    complete(stack, pr["number"], "2", "failure")
+    complete(stack, pr["number"], "5", "success")
+    comment(stack, pr["number"], "wendy", "/gpuci rerun failed")
+    [pending] = runs.pending_runs(stack.redis)
+    assert (pending.batch, pending.trigger) == ("2", "command")
+
+
+def test_rerequested_check_runs_its_batch_again(stack: Stack) -> None:
+    pr = stack.open_pr("alice", "feature")
+    stack.process()
+    done = complete(stack, pr["number"], "5", "failure")
+    stack.control("POST", f"check-runs/{done.check_run_id}/rerequest", {"user": "alice"})
+    stack.process()
+    rerun = [r for r in runs.pending_runs(stack.redis) if r.batch == "5"]
+    assert [(r.trigger, r.requested_by) for r in rerun] == [("rerun", "alice")]
+    assert stack.checks(pr["head_sha"])["gpuci / batch 5"]["external_id"] == rerun[0].run_id
+
+
+def test_check_suite_rerequest_reruns_the_suites_batches(stack: Stack) -> None:
+    pr = stack.open_pr("alice", "feature")
+    stack.process()
+    complete(stack, pr["number"], "2", "failure")
+    complete(stack, pr["number"], "5", "failure")
+    opened = stack.state()["deliveries"][0]["payload"]  # fakehub sends no check_suite events
+    payload = {
+        "action": "rerequested",
+        "check_suite": {"id": 1, "head_sha": pr["head_sha"], "pull_requests": []},
+        "repository": opened["repository"],
+        "installation": opened["installation"],
+        "sender": opened["sender"],
+    }
+    stack.deliver("check_suite", payload, "suite-1")
+    stack.process()
+    assert sorted(r.batch for r in runs.pending_runs(stack.redis)) == ["2", "5"]
+    assert_queued(stack, pr["head_sha"])
