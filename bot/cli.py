@@ -83,6 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
     summarize.add_argument("--markdown", type=Path, metavar="FILE", help="write the Check Run text")
     summarize.set_defaults(handler=cmd_summarize)
 
+    worker = sub.add_parser("worker", help="a GPU host: register its GPUs and run assigned batches")
+    worker.add_argument("--host", help="this host's name (default: GPUCI_HOST or the hostname)")
+    worker.add_argument(
+        "--slots", type=int, help="runs at once (default: one per GPU, plus one for CPU batches)"
+    )
+    worker.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    worker.set_defaults(handler=cmd_worker)
+
+    scheduler = sub.add_parser("scheduler", help="assign pending runs to GPU hosts (run one)")
+    scheduler.set_defaults(handler=cmd_scheduler)
+
     fakehub = sub.add_parser("fakehub", help="the offline GitHub for development and tests")
     fakehub.add_argument("--world", type=Path, required=True, help="world file (YAML)")
     fakehub.add_argument("--bind", default="127.0.0.1")
@@ -115,19 +126,18 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
 
     from bot.github_app import GitHubApp, GitHubAppError
     from bot.webhooks import EVENTS_QUEUE
+    from workers.host import REPORTS_QUEUE
 
     try:
         GitHubApp.from_settings(settings)
     except GitHubAppError as exc:
         print(f"gpuci events: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    logging.getLogger("gpuci").addHandler(handler)
-    logging.getLogger("gpuci").setLevel(logging.INFO)
+    _log_to_stderr()
     # SimpleWorker: jobs run in this process, so the GitHub clients and their installation
     # tokens (bot.events.context) are built once and reused, not once per forked job.
-    worker = SimpleWorker([EVENTS_QUEUE], connection=Redis.from_url(settings.redis_url))
+    queues = [EVENTS_QUEUE, REPORTS_QUEUE]
+    worker = SimpleWorker(queues, connection=Redis.from_url(settings.redis_url))
     worker.work(with_scheduler=False)
     return EXIT_OK
 
@@ -286,6 +296,74 @@ def _emit(
         args.json.write_text(json.dumps(data, indent=2) + "\n")
     if args.markdown:
         args.markdown.write_text(markdown)
+
+
+def _log_to_stderr() -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.getLogger("gpuci").addHandler(handler)
+    logging.getLogger("gpuci").setLevel(logging.INFO)
+
+
+def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    import dataclasses
+    import os
+
+    from redis import Redis
+    from redis.exceptions import RedisError
+    from rq.worker_pool import WorkerPool
+
+    from workers.gpus import GpuBackendError, open_backend
+    from workers.host import HostHeartbeat, host_queue, publish_host
+
+    host = args.host or settings.host
+    os.environ["GPUCI_HOST"] = host  # the pool's forked workers read their settings again
+    settings = dataclasses.replace(settings, host=host)
+    try:
+        backend = open_backend(settings.gpu_backend)
+        slots = args.slots or len(backend.snapshot()) + 1
+    except GpuBackendError as exc:
+        print(f"gpuci worker: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    conn = Redis.from_url(settings.redis_url)
+    try:
+        publish_host(conn, settings, backend, slots)
+    except RedisError as exc:
+        print(
+            f"gpuci worker: Redis at {settings.redis_url} is unreachable ({exc})", file=sys.stderr
+        )
+        return EXIT_UNUSABLE
+    _log_to_stderr()
+    print(f"gpuci worker: {host} ({backend.describe()}), {slots} slots, queue {host_queue(host)}")
+    heartbeat = HostHeartbeat(conn, settings, backend, slots)
+    heartbeat.start()
+    try:
+        WorkerPool([host_queue(host)], connection=conn, num_workers=slots).start(burst=args.burst)
+    finally:
+        heartbeat.stop()
+    return EXIT_OK
+
+
+def cmd_scheduler(args: argparse.Namespace, settings: Settings) -> int:
+    from redis import Redis
+
+    from bot.github_app import GitHubApp, GitHubAppError
+    from bot.runs import Run
+    from bot.scheduler import main_loop
+
+    try:
+        app = GitHubApp.from_settings(settings)
+    except GitHubAppError as exc:
+        print(f"gpuci scheduler: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+
+    def source_token(run: Run) -> str:
+        return app.source_token(run.installation_id, run.repo.split("/", 1)[1])
+
+    _log_to_stderr()
+    conn = Redis.from_url(settings.redis_url)
+    main_loop(conn, source_token, settings.github_api_url, stop=lambda: False)
+    return EXIT_OK
 
 
 def cmd_fakehub(args: argparse.Namespace, settings: Settings) -> int:

@@ -360,7 +360,7 @@ def execute(h: Handling, decision: Decision) -> str:
     for effect in decision.effects:
         EFFECTS[effect](h, decision)
     if decision.run is not None:
-        start_runs(h, decision.run)
+        start_runs(h, decision.run, str(decision.trust))
     return str(decision.trust)
 
 
@@ -488,7 +488,7 @@ def _run_fields(h: Handling, sha: str, batch: str) -> dict[str, Any]:
     }
 
 
-def start_runs(h: Handling, request: RunRequest) -> None:
+def start_runs(h: Handling, request: RunRequest, trust: str) -> None:
     """One pending run per batch with a queued check run. A batch already queued or running at
     that commit is left alone; one awaiting approval becomes pending."""
     trigger = TRIGGERS.get(request.trigger, RunTrigger.PULL_REQUEST)
@@ -502,10 +502,11 @@ def start_runs(h: Handling, request: RunRequest) -> None:
                 trigger=trigger,
                 requested_by=request.requested_by,
                 wait_reason="waiting for a GPU host",
+                trust=trust,
             )
             created.append(run.run_id)
         elif run.state is RunState.AWAITING_APPROVAL:
-            run = runs.mark_pending(h.conn, run, trigger, request.requested_by)
+            run = runs.mark_pending(h.conn, run, trigger, request.requested_by, trust)
         elif run.state is not RunState.PENDING:
             continue
         run = _show_run(h, run, "queued", _queued_check(h, run))

@@ -88,3 +88,44 @@ def delivery_steps(delivery_id: str) -> str:
 def installation(installation_id: int) -> str:
     """Hash {account, action, repositories (JSON), at}: the App's last news of an installation."""
     return f"{PREFIX}:installation:{installation_id}"
+
+
+def dispatched_runs() -> str:
+    """Set: run ids assigned to a host or running there (drained when the host is lost)."""
+    return f"{PREFIX}:runs:dispatched"
+
+
+def durations(repo: str, batch: str) -> str:
+    """List: the last recorded durations (seconds) of a batch in a repository, newest first."""
+    return f"{PREFIX}:durations:{repo}:{batch}"
+
+
+def hosts() -> str:
+    """Set: names of every GPU host that ever registered."""
+    return f"{PREFIX}:hosts"
+
+
+def host(name: str) -> str:
+    """Hash {gpus (JSON inventory entries), backend, queue, slots, heartbeat_at, pid}."""
+    return f"{PREFIX}:host:{name}"
+
+
+def host_alive(name: str) -> str:
+    """String with a TTL: present while the host's heartbeat is fresh."""
+    return f"{PREFIX}:host:{name}:alive"
+
+
+def result(run_id: str) -> str:
+    """String (JSON): a finished run's summary, Check Run output and log tail (30 days)."""
+    return f"{PREFIX}:result:{run_id}"
+
+
+def junit(run_id: str) -> str:
+    """String (gzip): a finished run's JUnit XML, for download from the dashboard (30 days)."""
+    return f"{PREFIX}:junit:{run_id}"
+
+
+def reported(run_id: str) -> str:
+    """String: set once a run's final Check Run update was sent (annotations are appended by
+    GitHub, so the final report must go out exactly once)."""
+    return f"{PREFIX}:reported:{run_id}"

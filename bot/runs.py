@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from redis import Redis
+from redis.exceptions import WatchError
 
 from bot import keys
 from bot.trust import Approval, ApprovalVia
@@ -29,6 +30,8 @@ class RunState(StrEnum):
     CANCELLED = "cancelled"
 
 
+DURATIONS_KEPT = 20
+DISPATCHED = frozenset({RunState.ASSIGNED, RunState.RUNNING})
 ACTIVE = frozenset(
     {RunState.AWAITING_APPROVAL, RunState.PENDING, RunState.ASSIGNED, RunState.RUNNING}
 )
@@ -75,6 +78,11 @@ class Run:
     wait_reason: str = ""
     host: str = ""
     gpus: tuple[int, ...] = field(default=())
+    trust: str = ""  # "trusted" or "approved": what let it run (the worker checks it again)
+    lease_owner: str = ""  # the owner token of its GPU leases while assigned or running
+    attempts: int = 0  # times it was re-queued because its host was lost
+    started_at: float = 0.0
+    finished_at: float = 0.0
 
     @property
     def active(self) -> bool:
@@ -135,6 +143,7 @@ def create_run(
     state: RunState = RunState.PENDING,
     config_text: str = "",
     wait_reason: str = "",
+    trust: str = "",
 ) -> Run:
     """A new run with the next id, indexed by PR and commit; pending runs join the pending set."""
     now = time.time()
@@ -152,6 +161,7 @@ def create_run(
         updated_at=now,
         config_text=config_text,
         wait_reason=wait_reason,
+        trust=trust,
     )
     pipe = conn.pipeline()
     pipe.hset(keys.run(run.run_id), mapping=_encode(run))
@@ -170,20 +180,105 @@ def get_run(conn: Redis, run_id: str) -> Run | None:
 
 
 def update_run(conn: Redis, run: Run, **changes: Any) -> Run:
-    """Store changed fields; the pending set follows the state (member while pending)."""
-    updated = replace(run, **changes, updated_at=time.time())
-    encoded = _encode(updated)
-    pipe = conn.pipeline()
-    pipe.hset(keys.run(run.run_id), mapping={k: encoded[k] for k in (*changes, "updated_at")})
-    if updated.state is RunState.PENDING:
-        pipe.zadd(keys.pending_runs(), {run.run_id: _score(updated)})
+    """Store changed fields on the run as it is now in Redis (not as `run` last saw it); the
+    pending and dispatched sets follow the state."""
+    return transition(conn, run.run_id, set(RunState), **changes) or replace(run, **changes)
+
+
+def _index_state(pipe: Any, run: Run) -> None:
+    """The pending set and the dispatched set follow the run's state."""
+    if run.state is RunState.PENDING:
+        pipe.zadd(keys.pending_runs(), {run.run_id: _score(run)})
     else:
         pipe.zrem(keys.pending_runs(), run.run_id)
+    if run.state in DISPATCHED:
+        pipe.sadd(keys.dispatched_runs(), run.run_id)
+    else:
+        pipe.srem(keys.dispatched_runs(), run.run_id)
+
+
+def transition(conn: Redis, run_id: str, allowed: set[RunState], **changes: Any) -> Run | None:
+    """Change a run only if its state is one of `allowed` (checked and written atomically, so a
+    cancellation is never overwritten by a worker); None when it was not."""
+    key = keys.run(run_id)
+    with conn.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(key)
+                raw = pipe.hgetall(key)
+                if not raw or _decode(raw).state not in allowed:
+                    return None
+                updated = replace(_decode(raw), **changes, updated_at=time.time())
+                encoded = _encode(updated)
+                pipe.multi()
+                pipe.hset(key, mapping={k: encoded[k] for k in (*changes, "updated_at")})
+                _index_state(pipe, updated)
+                pipe.execute()
+                return updated
+            except WatchError:
+                continue
+
+
+def finish_run(conn: Redis, run: Run, *, conclusion: str, title: str) -> Run:
+    """A run is over: completed with its conclusion, or kept cancelled if it was cancelled."""
+    active = ACTIVE | {RunState.COMPLETED}
+    done = transition(
+        conn,
+        run.run_id,
+        set(active),
+        state=RunState.COMPLETED,
+        conclusion=conclusion,
+        title=title,
+        finished_at=time.time(),
+        lease_owner="",
+    )
+    if done is not None:
+        return done
+    kept = transition(
+        conn,
+        run.run_id,
+        {RunState.CANCELLED},
+        title=title,
+        finished_at=time.time(),
+        lease_owner="",
+    )
+    return kept or run
+
+
+def dispatched_runs(conn: Redis) -> list[Run]:
+    """Runs assigned to a host or running there."""
+    return _runs(conn, conn.smembers(keys.dispatched_runs()))
+
+
+def may_run(conn: Redis, run: Run) -> bool:
+    """The worker's trust check at start: default-branch runs, runs decided trusted, or runs
+    whose PR's current approval covers exactly this commit."""
+    if run.state is RunState.CANCELLED:
+        return False
+    if run.pr == 0:
+        return run.trigger is RunTrigger.SCHEDULE
+    if run.trust == "trusted":
+        return True
+    approval = approval_for(conn, run.repo, run.pr)
+    return approval is not None and approval.sha == run.sha
+
+
+def record_duration(conn: Redis, repo: str, batch: str, seconds: float) -> None:
+    """Keep the batch's last DURATIONS_KEPT durations (the scheduler plans with their median)."""
+    key = keys.durations(repo, batch)
+    pipe = conn.pipeline()
+    pipe.lpush(key, f"{seconds:.3f}")
+    pipe.ltrim(key, 0, DURATIONS_KEPT - 1)
     pipe.execute()
-    return updated
 
 
-def mark_pending(conn: Redis, run: Run, trigger: RunTrigger, requested_by: str) -> Run:
+def durations(conn: Redis, repo: str, batch: str) -> list[float]:
+    return [float(_text(v)) for v in conn.lrange(keys.durations(repo, batch), 0, -1)]
+
+
+def mark_pending(
+    conn: Redis, run: Run, trigger: RunTrigger, requested_by: str, trust: str = ""
+) -> Run:
     """An approved run: now it waits for a GPU host."""
     return update_run(
         conn,
@@ -192,6 +287,7 @@ def mark_pending(conn: Redis, run: Run, trigger: RunTrigger, requested_by: str) 
         trigger=trigger,
         requested_by=requested_by,
         wait_reason="waiting for a GPU host",
+        trust=trust,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -79,18 +80,19 @@ class Stack:
         assert found["delivery"]["status_code"] == 202, found["delivery"]
         return found["pull"]
 
-    def process(self) -> int:
-        """Work the events queue until it is empty; every job must succeed."""
+    def process(self, queue_name: str = "gpuci-events") -> int:
+        """Work one queue (default: the events queue) until it is empty; every job must
+        succeed."""
         from rq import Queue, SimpleWorker
         from rq.job import Job
         from rq.registry import FailedJobRegistry
 
-        queue = Queue("gpuci-events", connection=self.redis)
+        queue = Queue(queue_name, connection=self.redis)
         SimpleWorker([queue], connection=self.redis).work(burst=True)
         failed = FailedJobRegistry(queue=queue).get_job_ids()
         for job_id in failed:
             result = Job.fetch(job_id, connection=self.redis).latest_result()
-            pytest.fail(f"events job failed:\n{result.exc_string if result else job_id}")
+            pytest.fail(f"{queue_name} job failed:\n{result.exc_string if result else job_id}")
         return len(failed)
 
     def deliver(self, event: str, payload: dict[str, Any], delivery_id: str) -> None:
@@ -123,10 +125,16 @@ class Stack:
         return [c for c in found if c["repo"] == repo and c["issue_number"] == number]
 
 
-@pytest.fixture
-def stack(
-    redis_conn: Redis, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@contextlib.contextmanager
+def serve_stack(
+    world_path: Path,
+    redis_conn: Redis,
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Stack]:
+    """fakehub with `world_path` delivering to gpuci's web app on a real port; the environment
+    the events, scheduler and worker processes read their settings from."""
     from werkzeug.serving import make_server
 
     from app import create_app
@@ -134,7 +142,7 @@ def stack(
     from fakehub.testing import running
     from fakehub.world import load_world
 
-    world = load_world(EVENTS_WORLD)
+    world = load_world(world_path)
     key = tmp_path / "app.pem"
     assert world.app.private_key_pem is not None
     key.write_bytes(world.app.private_key_pem)
@@ -159,3 +167,11 @@ def stack(
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@pytest.fixture
+def stack(
+    redis_conn: Redis, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Stack]:
+    with serve_stack(EVENTS_WORLD, redis_conn, redis_url, tmp_path, monkeypatch) as found:
+        yield found

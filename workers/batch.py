@@ -121,7 +121,7 @@ def run_on_host(
     if batch.gpus == 0:
         progress(f"batch {batch.name}: CPU only, no GPUs needed")
         outcome = _run(settings, config, batch, source, run_id, (), True, None)
-        return _result(settings, batch, sha, [], outcome)
+        return conclude_run(settings, batch, sha, [], outcome)
     backend = open_backend(settings.gpu_backend)
     conn = (connect or (lambda: Redis.from_url(settings.redis_url)))()
     return _run_leased(settings, config, batch, source, sha, run_id, backend, conn, progress)
@@ -174,7 +174,7 @@ def _run_leased(
             _wait_until_free(backend, indices, settings.kill_grace_s)
     finally:
         leases.release(conn, settings.host, indices, chosen_owner)
-    return _result(settings, batch, sha, [s.gpu for s in chosen], outcome)
+    return conclude_run(settings, batch, sha, [s.gpu for s in chosen], outcome)
 
 
 def _lease(
@@ -265,9 +265,10 @@ def _run(
     return run_batch(request, gpu_pids=gpu_pids)
 
 
-def _result(
+def conclude_run(
     settings: Settings, batch: Batch, sha: str, gpus: list[GpuInfo], outcome: RunOutcome
 ) -> BatchResult:
+    """The run's counts, conclusion and Check Run output, from its JUnit files and outcome."""
     summary, error = _summarize(outcome)
     conclusion, title = conclude(
         summary,

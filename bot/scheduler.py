@@ -1,0 +1,263 @@
+"""`gpuci scheduler`: match pending runs to hosts' idle GPUs, lease them, dispatch to the host."""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from redis import Redis
+from rq import Queue
+
+from bot import keys, runs
+from bot.config import Batch, ConfigError, HostGpu, load_config
+from bot.planner import HostGpuSlot, HostView, PendingRun, Plan, Priority, plan
+from bot.runs import Run, RunState, RunTrigger
+from workers import leases
+from workers.host import HOST_TTL_S, Ticket, host_queue, report
+
+log = logging.getLogger("gpuci.scheduler")
+
+TICK_S = 2.0
+REQUEUE_LIMIT = 1  # a run whose host died is re-queued this many times, then failed
+JOB_MARGIN_S = 900  # RQ's job timeout = the batch's timeout + this (the runner kills first)
+PRIORITIES = {
+    RunTrigger.PULL_REQUEST: Priority.PULL_REQUEST,
+    RunTrigger.SCHEDULE: Priority.SCHEDULED,
+}
+SourceToken = Callable[[Run], str]
+
+
+@dataclass
+class TickReport:
+    """What one scheduling round did, for logs and tests."""
+
+    dispatched: list[str] = field(default_factory=list)
+    waiting: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    requeued: list[str] = field(default_factory=list)
+
+
+@lru_cache(maxsize=256)
+def _config(text: str) -> Any:
+    return load_config(text, ".gpuci.yml")
+
+
+def batch_of(run: Run) -> Batch:
+    """The run's batch, from the config text it was decided with (raises ConfigError/KeyError)."""
+    batch: Batch = _config(run.config_text).batches[run.batch]
+    return batch
+
+
+def expected_seconds(conn: Redis, run: Run, batch: Batch) -> float:
+    """Median of the batch's recorded durations in this repository, else its timeout."""
+    recorded = runs.durations(conn, run.repo, run.batch)
+    return statistics.median(recorded) if recorded else float(batch.timeout_s)
+
+
+def host_views(conn: Redis, now: float) -> list[HostView]:
+    """Every registered host as the planner sees it: GPUs, idle ones, when leased ones free up."""
+    views = []
+    for raw_name in sorted(conn.smembers(keys.hosts())):
+        name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
+        record = conn.hgetall(keys.host(name))
+        gpus = json.loads(record.get(b"gpus", b"[]")) if record else []
+        alive = bool(conn.exists(keys.host_alive(name)))
+        views.append(_view(conn, name, gpus, alive, now))
+    return views
+
+
+def _view(conn: Redis, name: str, gpus: list[dict[str, Any]], alive: bool, now: float) -> HostView:
+    slots = [HostGpuSlot(g["index"], _host_gpu(g)) for g in gpus]
+    held = leases.holders(conn, name, [s.index for s in slots])
+    idle = frozenset(g["index"] for g in gpus if g.get("idle") and held.get(g["index"]) is None)
+    busy_until: dict[int, float | None] = {}
+    for index, owner in held.items():
+        if owner is not None:
+            busy_until[index] = _expected_end(conn, owner, now)
+    return HostView(name, slots, idle, busy_until, alive)
+
+
+def _host_gpu(entry: Mapping[str, Any]) -> HostGpu:
+    major, _, minor = str(entry.get("compute_capability") or "0.0").partition(".")
+    cc = (int(major), int(minor or 0)) if major.isdigit() and (minor or "0").isdigit() else (0, 0)
+    return HostGpu(str(entry.get("name") or ""), int(entry.get("memory_mb") or 0), cc)
+
+
+def _expected_end(conn: Redis, owner: str, now: float) -> float | None:
+    run = runs.get_run(conn, leases.run_of(owner))
+    if run is None:
+        return None
+    try:
+        expected = expected_seconds(conn, run, batch_of(run))
+    except (ConfigError, KeyError):
+        return None
+    return (run.started_at or run.updated_at or now) + expected
+
+
+def pending_view(conn: Redis, report_: TickReport) -> list[PendingRun]:
+    """Pending runs for the planner; a run whose batch cannot be read fails at once."""
+    found = []
+    for run in runs.pending_runs(conn, limit=1000):
+        try:
+            batch = batch_of(run)
+        except (ConfigError, KeyError) as exc:
+            _fail(conn, run, f"batch {run.batch} cannot be read from the config: {exc}", report_)
+            continue
+        priority = PRIORITIES.get(run.trigger, Priority.COMMAND)
+        found.append(
+            PendingRun(
+                run.run_id, batch, priority, run.created_at, expected_seconds(conn, run, batch)
+            )
+        )
+    return found
+
+
+def tick(
+    conn: Redis, source_token: SourceToken, api_url: str, now: float | None = None
+) -> TickReport:
+    """One scheduling round: drain dead hosts, plan, dispatch, and publish wait reasons."""
+    now = time.time() if now is None else now
+    done = TickReport()
+    drain_dead_hosts(conn, done)
+    pending = pending_view(conn, done)
+    if not pending:
+        return done
+    decided = plan(pending, host_views(conn, now), now)
+    _dispatch(conn, decided, source_token, api_url, done)
+    _publish_waits(conn, decided, done)
+    for run_id, reason in decided.unrunnable.items():
+        run = runs.get_run(conn, run_id)
+        if run is not None:
+            _fail(conn, run, reason, done)
+    return done
+
+
+def _dispatch(
+    conn: Redis, decided: Plan, source_token: SourceToken, api_url: str, done: TickReport
+) -> None:
+    for assignment in decided.assignments:
+        run = runs.get_run(conn, assignment.run_id)
+        if run is None or run.state is not RunState.PENDING:
+            continue
+        owner = leases.new_owner(run.run_id)
+        indices = list(assignment.gpu_indices)
+        ttl = _lease_ttl()
+        if indices and not leases.acquire(conn, assignment.host, indices, owner, ttl):
+            continue  # a lease changed since the plan; the next round plans again
+        try:
+            token = source_token(run)
+        except Exception as exc:
+            leases.release(conn, assignment.host, indices, owner)
+            log.warning("run %s: no source token (%s); retrying next round", run.run_id, exc)
+            continue
+        _send(conn, run, assignment.host, tuple(indices), owner, token, api_url, done)
+
+
+def _lease_ttl() -> int:
+    """Leases taken by the scheduler live until the host's heartbeat takes them over."""
+    return 120
+
+
+def _send(
+    conn: Redis,
+    run: Run,
+    host: str,
+    indices: tuple[int, ...],
+    owner: str,
+    token: str,
+    api_url: str,
+    done: TickReport,
+) -> None:
+    assigned = runs.transition(
+        conn,
+        run.run_id,
+        {RunState.PENDING},
+        state=RunState.ASSIGNED,
+        host=host,
+        gpus=indices,
+        lease_owner=owner,
+        wait_reason=f"starting on {host}",
+    )
+    if assigned is None:
+        leases.release(conn, host, indices, owner)
+        return
+    ticket = Ticket(run.run_id, indices, owner, api_url, token)
+    timeout = batch_of(run).timeout_s + JOB_MARGIN_S
+    Queue(host_queue(host), connection=conn).enqueue(
+        "workers.host.execute_run",
+        ticket.to_json(),
+        job_timeout=timeout,
+        job_id=f"run-{run.run_id}-{assigned.attempts}",
+        result_ttl=3600,
+    )
+    done.dispatched.append(run.run_id)
+    log.info("run %s (batch %s) -> %s GPUs %s", run.run_id, run.batch, host, list(indices))
+
+
+def _publish_waits(conn: Redis, decided: Plan, done: TickReport) -> None:
+    """Store each waiting run's reason; report only when the reason changed."""
+    for run_id, wait in decided.waiting.items():
+        reason = str(wait)
+        done.waiting[run_id] = reason
+        run = runs.get_run(conn, run_id)
+        if run is not None and run.state is RunState.PENDING and run.wait_reason != reason:
+            runs.update_run(conn, run, wait_reason=reason)
+            report(conn, run_id)
+
+
+def _fail(conn: Redis, run: Run, reason: str, done: TickReport) -> None:
+    runs.finish_run(conn, run, conclusion="failure", title=reason)
+    done.failed[run.run_id] = reason
+    report(conn, run.run_id)
+    log.warning("run %s failed: %s", run.run_id, reason)
+
+
+def drain_dead_hosts(conn: Redis, done: TickReport) -> None:
+    """Runs on a host whose heartbeat stopped: re-queued once, then failed."""
+    for run in runs.dispatched_runs(conn):
+        if not run.host or conn.exists(keys.host_alive(run.host)):
+            continue
+        reason = f"worker lost on {run.host}"
+        leases.release(conn, run.host, run.gpus, run.lease_owner)
+        if run.attempts < REQUEUE_LIMIT:
+            runs.transition(
+                conn,
+                run.run_id,
+                {RunState.ASSIGNED, RunState.RUNNING},
+                state=RunState.PENDING,
+                attempts=run.attempts + 1,
+                host="",
+                gpus=(),
+                lease_owner="",
+                wait_reason=f"re-queued: {reason}",
+            )
+            done.requeued.append(run.run_id)
+            report(conn, run.run_id)
+        else:
+            _fail(conn, run, reason, done)
+
+
+def main_loop(
+    conn: Redis, source_token: SourceToken, api_url: str, stop: Callable[[], bool]
+) -> None:
+    """Schedule every TICK_S seconds until `stop()`; a failing round is logged, not fatal."""
+    log.info("scheduler started (host heartbeat TTL %ss)", HOST_TTL_S)
+    while not stop():
+        try:
+            done = tick(conn, source_token, api_url)
+            if done.dispatched or done.failed or done.requeued:
+                log.info(
+                    "round: dispatched %s, failed %s, re-queued %s",
+                    done.dispatched,
+                    list(done.failed),
+                    done.requeued,
+                )
+        except Exception:
+            log.exception("scheduling round failed; trying again")
+        time.sleep(TICK_S)

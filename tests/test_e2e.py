@@ -1,0 +1,170 @@
+"""The whole loop: fakehub PR -> signed webhook -> events worker -> scheduler -> GPU host worker
+on a simulated 8-GPU host -> real pytest on fakehub's tarball -> Check Runs on fakehub."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from redis import Redis
+from rq import Queue
+
+from bot import runs, scheduler
+from bot.github_app import GitHubApp
+from bot.runs import Run, RunState
+from bot.settings import Settings
+from tests.conftest import Stack, serve_stack
+from tests.test_cli import SAMPLE_OUTCOMES
+from workers import leases
+from workers.gpus import open_backend
+from workers.host import REPORTS_QUEUE, host_queue, load_result, publish_host
+
+E2E_WORLD = Path(__file__).parent / "data" / "world-e2e.yml"
+HOST = "sim-h20-01"
+AUTO = ["cpu", "1", "2"]  # layer 2 of examples/sample-repo/.gpuci.yml
+
+
+@pytest.fixture
+def loop(
+    redis_conn: Redis, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Stack]:
+    with serve_stack(E2E_WORLD, redis_conn, redis_url, tmp_path, monkeypatch) as found:
+        monkeypatch.setenv("GPUCI_HOST", HOST)
+        monkeypatch.setenv("GPUCI_GPU_BACKEND", "sim:8xH20-96GB")
+        monkeypatch.setenv("GPUCI_WORK_DIR", str(tmp_path / "runs"))
+        monkeypatch.setenv("GPUCI_IDLE_SAMPLE_INTERVAL_S", "0")
+        monkeypatch.setenv("GPUCI_KILL_GRACE_S", "1")
+        yield found
+
+
+def register_host(conn: Redis) -> None:
+    settings = Settings.from_env()
+    publish_host(conn, settings, open_backend(settings.gpu_backend), slots=9)
+
+
+def schedule(stack: Stack) -> scheduler.TickReport:
+    settings = Settings.from_env()
+    app = GitHubApp.from_settings(settings)
+
+    def source_token(run: Run) -> str:
+        return app.source_token(run.installation_id, run.repo.split("/", 1)[1])
+
+    return scheduler.tick(stack.redis, source_token, settings.github_api_url)
+
+
+def run_everything(stack: Stack) -> None:
+    """Events, then scheduling rounds with the host's runs and the reports, until nothing moves."""
+    stack.process()
+    register_host(stack.redis)
+    for _ in range(10):
+        done = schedule(stack)
+        stack.process(host_queue(HOST))
+        stack.process(REPORTS_QUEUE)
+        if not done.dispatched and not runs.pending_runs(stack.redis):
+            return
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.1)
+
+
+def test_trusted_pr_runs_layer_2_and_reports_pytest_counts(loop: Stack) -> None:
+    pr = loop.open_pr("maya", "faster-optimizer", repo="acme/sample")
+    run_everything(loop)
+    sha = pr["head_sha"]
+    checks = loop.checks(sha)
+    for batch in AUTO:
+        check = checks[f"gpuci / batch {batch}"]
+        _, conclusion, counts = SAMPLE_OUTCOMES[batch]
+        assert check["status"] == "completed", check
+        assert check["conclusion"] == conclusion
+        run = next(
+            r for r in runs.runs_of_pr(loop.redis, "acme/sample", pr["number"]) if r.batch == batch
+        )
+        result = load_result(loop.redis, run.run_id)
+        assert result is not None
+        assert {k: result[k] for k in counts} == counts  # pytest's own counts
+        assert result["sha"] == sha
+        assert check["details_url"].endswith(f"/runs/{run.run_id}")
+    assert "now pass" in checks["gpuci / batch 1"]["output"]["title"]
+    annotations = checks["gpuci / batch 2"]["output"]["annotations"]
+    failed = {(a["path"], a["annotation_level"]) for a in annotations}
+    assert ("tests/test_dist.py", "failure") in failed
+    assert any("gradient" in a["title"] + a["message"] for a in annotations)
+    # every GPU is free again, and the runs are completed
+    assert all(v is None for v in leases.holders(loop.redis, HOST, range(8)).values())
+    assert {r.state for r in runs.runs_of_pr(loop.redis, "acme/sample", pr["number"])} == {
+        RunState.COMPLETED
+    }
+
+
+def test_check_run_goes_queued_in_progress_completed(loop: Stack) -> None:
+    """With a real `gpuci events` process reporting while the batch runs, the Check Run shows
+    each state once, in order."""
+    pr = loop.open_pr("maya", "faster-optimizer", repo="acme/sample")
+    loop.process()
+    register_host(loop.redis)
+    events = subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", "events"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert schedule(loop).dispatched
+        loop.process(host_queue(HOST))
+        wait_for(lambda: Queue(REPORTS_QUEUE, connection=loop.redis).count == 0)
+        time.sleep(0.5)  # the last job may still be in flight after leaving the queue
+    finally:
+        events.terminate()
+        events.wait(timeout=10)
+    history = [
+        c
+        for c in loop.state()["check_runs"]
+        if c["head_sha"] == pr["head_sha"] and c["fields"]["name"] == "gpuci / batch cpu"
+    ]
+    assert len(history) == 1  # one Check Run per batch, updated, never duplicated
+    statuses = [h["request"].get("status") for h in history[0]["history"]]
+    statuses = [s for s in statuses if s]
+    assert statuses[0] == "queued"
+    assert "in_progress" in statuses
+    assert statuses[-1] == "completed"
+    assert statuses.count("completed") == 1
+
+
+def test_fork_pr_waits_for_approval_then_runs_and_push_voids_it(loop: Stack) -> None:
+    pr = loop.open_pr("carl", "fork-fix", head_repo="carl/sample", repo="acme/sample")
+    run_everything(loop)
+    sha = pr["head_sha"]
+    assert {c["conclusion"] for c in loop.checks(sha).values() if "batch" in c["name"]} == {
+        "action_required"
+    }
+    assert runs.pending_runs(loop.redis) == []
+    loop.control(
+        "POST",
+        f"pulls/acme/sample/{pr['number']}/labels",
+        {"user": "maya", "add": "gpuci/approved"},
+    )
+    run_everything(loop)
+    approved = loop.checks(sha)
+    assert approved["gpuci / batch cpu"]["conclusion"] == "success"
+    assert approved["gpuci / batch 2"]["conclusion"] == "failure"
+    pushed = loop.control(
+        "POST",
+        f"pulls/acme/sample/{pr['number']}/push",
+        {"files": {"README.md": "sneaky change\n"}},
+    )
+    run_everything(loop)
+    new_sha = pushed["sha"]
+    assert {c["conclusion"] for c in loop.checks(new_sha).values() if "batch" in c["name"]} == {
+        "action_required"
+    }
+    assert runs.approval_for(loop.redis, "acme/sample", pr["number"]) is None
+    assert "gpuci/approved" not in json.dumps(loop.state()["pulls"])

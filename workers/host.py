@@ -1,0 +1,326 @@
+"""A GPU host: publish its GPUs to Redis with a heartbeat and execute the runs assigned to it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from redis import Redis
+from rq import Queue
+
+from bot import keys, runs
+from bot.config import ConfigError, load_config
+from bot.runs import Run, RunState
+from bot.settings import Settings
+from bot.trust import is_sha
+from workers import leases
+from workers.batch import BatchResult, conclude_run
+from workers.gpus import GpuBackend, GpuState, gpu_states, inventory_entry, open_backend
+from workers.runner import RunOutcome, RunRequest, resolve_workers, run_batch
+from workers.source import SourceError, fetch_archive
+
+log = logging.getLogger("gpuci.worker")
+
+HOST_TTL_S = 15  # a host whose heartbeat is older than this is drained by the scheduler
+HEARTBEAT_S = 3.0
+RESULT_TTL_S = 30 * 24 * 3600
+JUNIT_MAX_BYTES = 8 * 1024 * 1024  # compressed; larger JUnit files are not kept (summary is)
+REPORTS_QUEUE = "gpuci-reports"
+REPORT_JOB = "bot.reports.report_run"
+
+
+def host_queue(host: str) -> str:
+    """The RQ queue of one GPU host: the scheduler puts that host's runs there."""
+    return f"gpuci-host-{host}"
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What the scheduler hands a host for one run: plain values, the only token a
+    `contents: read` one for that repository, used only to fetch the archive at the SHA."""
+
+    run_id: str
+    gpu_indices: tuple[int, ...]
+    lease_owner: str
+    api_url: str
+    source_token: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "gpu_indices": list(self.gpu_indices)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Ticket:
+        return cls(**{**data, "gpu_indices": tuple(data["gpu_indices"])})
+
+
+# --- the host's presence ---------------------------------------------------------------------
+
+
+def publish_host(conn: Redis, settings: Settings, backend: GpuBackend, slots: int) -> None:
+    """Write this host's GPUs (foreign use only: leases are read from their own keys) and renew
+    its heartbeat."""
+    states = gpu_states(
+        backend,
+        {},
+        samples=settings.idle_samples,
+        interval_s=settings.idle_sample_interval_s,
+        idle_memory_mb=settings.idle_memory_mb,
+    )
+    record: dict[Any, Any] = {
+        "gpus": json.dumps([inventory_entry(s) for s in states]),
+        "backend": backend.describe(),
+        "queue": host_queue(settings.host),
+        "slots": str(slots),
+        "heartbeat_at": str(time.time()),
+        "pid": str(os.getpid()),
+    }
+    pipe = conn.pipeline()
+    pipe.hset(keys.host(settings.host), mapping=record)
+    pipe.sadd(keys.hosts(), settings.host)
+    pipe.set(keys.host_alive(settings.host), "1", ex=HOST_TTL_S)
+    pipe.execute()
+
+
+class HostHeartbeat(threading.Thread):
+    """Publishes the host every HEARTBEAT_S seconds until stopped; logs and retries on errors."""
+
+    def __init__(self, conn: Redis, settings: Settings, backend: GpuBackend, slots: int):
+        super().__init__(name="gpuci-host-heartbeat", daemon=True)
+        self.conn, self.settings, self.backend, self.slots = conn, settings, backend, slots
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                publish_host(self.conn, self.settings, self.backend, self.slots)
+            except Exception as exc:  # keep beating: a Redis restart must not kill the host
+                log.warning("host heartbeat failed: %s", exc)
+            self.stopped.wait(HEARTBEAT_S)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(timeout=HEARTBEAT_S * 2)
+
+
+# --- one run on this host ---------------------------------------------------------------------
+
+
+class RunRefused(Exception):
+    """The run must not start here; the message says why (it is reported on the Check Run)."""
+
+
+def execute_run(ticket_json: dict[str, Any]) -> str:
+    """The RQ job a host worker executes for one assigned run."""
+    settings = Settings.from_env()
+    conn = Redis.from_url(settings.redis_url)
+    ticket = Ticket.from_json(ticket_json)
+    run = runs.get_run(conn, ticket.run_id)
+    if run is None or run.state is not RunState.ASSIGNED:
+        leases.release(conn, settings.host, ticket.gpu_indices, ticket.lease_owner)
+        return f"run {ticket.run_id} is no longer assigned; nothing to do"
+    backend = open_backend(settings.gpu_backend) if ticket.gpu_indices else None
+    try:
+        return _execute(conn, settings, backend, run, ticket)
+    finally:
+        leases.release(conn, settings.host, ticket.gpu_indices, ticket.lease_owner)
+
+
+def _execute(
+    conn: Redis, settings: Settings, backend: GpuBackend | None, run: Run, ticket: Ticket
+) -> str:
+    try:
+        _may_start(conn, settings, backend, run, ticket)
+    except RunRefused as exc:
+        return _requeue(conn, run, str(exc))
+    with leases.LeaseHeartbeat(
+        conn, settings.host, ticket.gpu_indices, ticket.lease_owner, settings.lease_ttl_s
+    ):
+        running = runs.transition(
+            conn,
+            run.run_id,
+            {RunState.ASSIGNED},
+            state=RunState.RUNNING,
+            started_at=time.time(),
+            wait_reason="",
+        )
+        if running is None:
+            return f"run {run.run_id} was cancelled before it started"
+        report(conn, run.run_id)
+        result = _run(conn, settings, backend, running, ticket)
+        _wait_until_free(backend, ticket.gpu_indices, settings.kill_grace_s)
+    _finish(conn, running, result)
+    return f"run {run.run_id}: {result.conclusion.value} - {result.title}"
+
+
+def _may_start(
+    conn: Redis, settings: Settings, backend: GpuBackend | None, run: Run, ticket: Ticket
+) -> None:
+    """The worker's own checks at start: SHA, trust, lease, and occupancy under the lease."""
+    if not is_sha(run.sha):
+        raise RunRefused(f"refused: {run.sha!r} is not a 40-hex commit SHA")
+    if not runs.may_run(conn, run):
+        raise RunRefused(f"refused: commit {run.sha[:10]} is no longer trusted or approved")
+    held = leases.holders(conn, settings.host, ticket.gpu_indices)
+    if any(owner != ticket.lease_owner for owner in held.values()):
+        raise RunRefused(f"the lease on GPUs {list(ticket.gpu_indices)} was lost before start")
+    if backend is not None:
+        busy = [s for s in _states(settings, backend) if s.gpu.index in ticket.gpu_indices]
+        taken = [f"GPU {s.gpu.index}: {'; '.join(s.reasons)}" for s in busy if not s.idle]
+        if taken:
+            raise RunRefused("GPUs got busy before start (" + ", ".join(taken) + ")")
+
+
+def _states(settings: Settings, backend: GpuBackend) -> list[GpuState]:
+    return gpu_states(
+        backend,
+        {},
+        samples=settings.idle_samples,
+        interval_s=settings.idle_sample_interval_s,
+        idle_memory_mb=settings.idle_memory_mb,
+    )
+
+
+def _requeue(conn: Redis, run: Run, reason: str) -> str:
+    """Back to pending (the scheduler picks again), or failed when the run can never start."""
+    if reason.startswith("refused"):
+        runs.finish_run(conn, run, conclusion="failure", title=reason)
+    else:
+        runs.transition(
+            conn,
+            run.run_id,
+            {RunState.ASSIGNED},
+            state=RunState.PENDING,
+            wait_reason=reason,
+            host="",
+            gpus=(),
+        )
+    report(conn, run.run_id)
+    log.info("run %s not started: %s", run.run_id, reason)
+    return f"run {run.run_id} not started: {reason}"
+
+
+def _run(
+    conn: Redis, settings: Settings, backend: GpuBackend | None, run: Run, ticket: Ticket
+) -> BatchResult:
+    config = load_config(run.config_text, ".gpuci.yml")
+    batch = config.batches[run.batch]
+    gpus = [g for g in backend.snapshot() if g.index in ticket.gpu_indices] if backend else []
+    cancel = threading.Event()
+    watcher = threading.Thread(target=_watch_cancel, args=(conn, run.run_id, cancel), daemon=True)
+    watcher.start()
+    try:
+        archive = fetch_archive(
+            ticket.api_url, run.repo, run.sha, ticket.source_token, _cache_dir(settings)
+        )
+        free = [max(0, (g.memory_total_mb or 0) - (g.memory_used_mb or 0)) for g in gpus]
+        request = RunRequest(
+            run_id=f"run-{run.run_id}",
+            batch=batch,
+            config=config,
+            source=archive,
+            gpu_indices=ticket.gpu_indices,
+            work_root=Path(settings.work_dir),
+            simulated_gpus=backend.simulated if backend else True,
+            workers=resolve_workers(batch, free),
+            kill_grace_s=settings.kill_grace_s,
+            log_max_bytes=settings.log_max_bytes,
+            run_as=settings.run_as,
+        )
+        outcome = run_batch(request, cancel=cancel, gpu_pids=lambda: _pids_on(backend, ticket))
+    except (SourceError, ConfigError, KeyError) as exc:
+        outcome = _failed_outcome(settings, str(exc))
+    finally:
+        cancel.set()  # also stops the watcher
+    return conclude_run(settings, batch, run.sha, gpus, outcome)
+
+
+def _watch_cancel(conn: Redis, run_id: str, cancel: threading.Event) -> None:
+    """Poll the run's state; a cancellation (supersede, close, /gpuci cancel) stops the batch."""
+    while not cancel.wait(1.0):
+        try:
+            run = runs.get_run(conn, run_id)
+        except Exception as exc:  # Redis restarting: keep running, look again
+            log.warning("run %s: cannot read its state: %s", run_id, exc)
+            continue
+        if run is not None and run.state is RunState.CANCELLED:
+            log.info("run %s cancelled: %s", run_id, run.wait_reason)
+            cancel.set()
+
+
+def _failed_outcome(settings: Settings, message: str) -> RunOutcome:
+    return RunOutcome(
+        exit_code=None,
+        timed_out=False,
+        cancelled=False,
+        setup_failed=True,
+        preflight_error=message,
+        junit_path=None,
+        report_path=None,
+        log_path=Path(os.devnull),
+        log_tail=message,
+        log_truncated=False,
+        duration_s=0.0,
+        workdir=Path(settings.work_dir),
+    )
+
+
+def _cache_dir(settings: Settings) -> Path:
+    return Path(settings.work_dir).parent / "archives"
+
+
+def _pids_on(backend: GpuBackend | None, ticket: Ticket) -> set[int]:
+    if backend is None or backend.simulated:
+        return set()
+    gpus = backend.snapshot()
+    return {p.pid for g in gpus if g.index in ticket.gpu_indices for p in g.processes}
+
+
+def _wait_until_free(backend: GpuBackend | None, indices: tuple[int, ...], grace_s: float) -> None:
+    if backend is None or backend.simulated:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(
+        g.processes for g in backend.snapshot() if g.index in indices
+    ):
+        time.sleep(0.5)
+
+
+def _finish(conn: Redis, run: Run, result: BatchResult) -> None:
+    """Store the result and the JUnit XML, complete the run, and ask for the report."""
+    store_result(conn, run.run_id, result)
+    current = runs.get_run(conn, run.run_id) or run
+    runs.finish_run(conn, current, conclusion=result.conclusion.value, title=result.title)
+    if result.outcome.duration_s and not (result.outcome.cancelled or result.outcome.timed_out):
+        runs.record_duration(conn, run.repo, run.batch, result.outcome.duration_s)
+    report(conn, run.run_id)
+
+
+def store_result(conn: Redis, run_id: str, result: BatchResult) -> None:
+    data = result.to_json()
+    data["check_output"] = result.output.__dict__
+    data["log_tail"] = result.outcome.log_tail
+    pipe = conn.pipeline()
+    pipe.set(keys.result(run_id), json.dumps(data), ex=RESULT_TTL_S)
+    junit = result.outcome.junit_path
+    if junit is not None and junit.is_file():
+        packed = gzip.compress(junit.read_bytes())
+        if len(packed) <= JUNIT_MAX_BYTES:
+            pipe.set(keys.junit(run_id), packed, ex=RESULT_TTL_S)
+    pipe.execute()
+
+
+def load_result(conn: Redis, run_id: str) -> dict[str, Any] | None:
+    raw = conn.get(keys.result(run_id))
+    return json.loads(raw) if raw else None
+
+
+def report(conn: Redis, run_id: str) -> None:
+    """Ask the events worker to bring the run's Check Run up to date."""
+    Queue(REPORTS_QUEUE, connection=conn).enqueue(REPORT_JOB, run_id, job_timeout=120)
