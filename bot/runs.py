@@ -83,6 +83,7 @@ class Run:
     attempts: int = 0  # times it was re-queued because its host was lost
     started_at: float = 0.0
     finished_at: float = 0.0
+    note: str = ""  # why it was sent back to pending (shown before its wait reason)
 
     @property
     def active(self) -> bool:

@@ -203,9 +203,9 @@ def _send(
 def _publish_waits(conn: Redis, decided: Plan, done: TickReport) -> None:
     """Store each waiting run's reason; report only when the reason changed."""
     for run_id, wait in decided.waiting.items():
-        reason = str(wait)
-        done.waiting[run_id] = reason
         run = runs.get_run(conn, run_id)
+        reason = "; ".join(part for part in (run.note if run else "", str(wait)) if part)
+        done.waiting[run_id] = reason
         if run is not None and run.state is RunState.PENDING and run.wait_reason != reason:
             runs.update_run(conn, run, wait_reason=reason)
             report(conn, run_id)
@@ -236,6 +236,7 @@ def drain_dead_hosts(conn: Redis, done: TickReport) -> None:
                 gpus=(),
                 lease_owner="",
                 wait_reason=f"re-queued: {reason}",
+                note=f"re-queued: {reason}",
             )
             done.requeued.append(run.run_id)
             report(conn, run.run_id)

@@ -14,7 +14,7 @@ import pytest
 from redis import Redis
 from rq import Queue
 
-from bot import runs, scheduler
+from bot import keys, runs, scheduler
 from bot.github_app import GitHubApp
 from bot.runs import Run, RunState
 from bot.settings import Settings
@@ -168,3 +168,58 @@ def test_fork_pr_waits_for_approval_then_runs_and_push_voids_it(loop: Stack) -> 
     }
     assert runs.approval_for(loop.redis, "acme/sample", pr["number"]) is None
     assert "gpuci/approved" not in json.dumps(loop.state()["pulls"])
+
+
+def test_push_supersedes_a_running_batch(loop: Stack) -> None:
+    """A real `gpuci worker` runs a batch that would hang for two minutes; a push cancels it:
+    the process group dies, the GPUs are released, the old Check Run says superseded."""
+    pr = loop.open_pr("maya", "slow-cpu", repo="acme/sample")
+    loop.process()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", "worker", "--host", HOST, "--slots", "4"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: bool(loop.redis.exists(keys.host_alive(HOST))))
+        assert len(schedule(loop).dispatched) == 3
+        slow = next(
+            r for r in runs.runs_of_pr(loop.redis, "acme/sample", pr["number"]) if r.batch == "cpu"
+        )
+        wait_for(lambda: state_of(loop, slow.run_id) is RunState.RUNNING)
+        pushed = loop.control(
+            "POST",
+            f"pulls/acme/sample/{pr['number']}/push",
+            {"files": {"README.md": "new commit\n"}},
+        )
+        loop.process()
+        started = time.monotonic()
+        wait_for(lambda: finished(loop, slow.run_id), timeout_s=60)
+        assert time.monotonic() - started < 30  # killed, not waited out
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+    cancelled = runs.get_run(loop.redis, slow.run_id)
+    assert cancelled is not None and cancelled.state is RunState.CANCELLED
+    assert "Superseded by commit" in cancelled.wait_reason
+    assert all(v is None for v in leases.holders(loop.redis, HOST, range(8)).values())
+    loop.process(REPORTS_QUEUE)
+    old = loop.checks(pr["head_sha"])["gpuci / batch cpu"]
+    assert old["conclusion"] == "cancelled"
+    assert pushed["sha"][:12] in old["output"]["title"] + old["output"]["summary"]
+    new = {
+        r.batch: r.state
+        for r in runs.runs_of_pr(loop.redis, "acme/sample", pr["number"])
+        if r.sha == pushed["sha"]
+    }
+    assert new == dict.fromkeys(AUTO, RunState.PENDING)
+
+
+def state_of(stack: Stack, run_id: str) -> RunState | None:
+    run = runs.get_run(stack.redis, run_id)
+    return run.state if run else None
+
+
+def finished(stack: Stack, run_id: str) -> bool:
+    run = runs.get_run(stack.redis, run_id)
+    return run is not None and run.finished_at > 0

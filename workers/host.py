@@ -198,8 +198,10 @@ def _requeue(conn: Redis, run: Run, reason: str) -> str:
             {RunState.ASSIGNED},
             state=RunState.PENDING,
             wait_reason=reason,
+            note=reason,
             host="",
             gpus=(),
+            lease_owner="",
         )
     report(conn, run.run_id)
     log.info("run %s not started: %s", run.run_id, reason)

@@ -1,0 +1,177 @@
+"""The scheduler and the GPU host worker against real Redis and real RQ: waits, unrunnable
+batches, lost hosts, GPUs that get busy, and the worker's own checks at start."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from redis import Redis
+from rq import Queue
+
+from bot import keys, runs, scheduler
+from bot.runs import Run, RunState, RunTrigger
+from bot.settings import Settings
+from tests.conftest import SAMPLE_REPO
+from workers import leases
+from workers.gpus import open_backend
+from workers.host import REPORTS_QUEUE, host_queue, publish_host
+
+CONFIG = (SAMPLE_REPO / ".gpuci.yml").read_text()
+HOST = "h1"
+SHA = "c" * 40
+
+
+@pytest.fixture
+def settings(monkeypatch: pytest.MonkeyPatch, redis_url: str, tmp_path: Path) -> Settings:
+    for name, value in {
+        "REDIS_URL": redis_url,
+        "GPUCI_HOST": HOST,
+        "GPUCI_GPU_BACKEND": "sim:8xH20-96GB",
+        "GPUCI_WORK_DIR": str(tmp_path / "runs"),
+        "GPUCI_IDLE_SAMPLE_INTERVAL_S": "0",
+    }.items():
+        monkeypatch.setenv(name, value)
+    return Settings.from_env(dotenv=None)
+
+
+def register(conn: Redis, settings: Settings, backend: str | None = None) -> None:
+    publish_host(conn, settings, open_backend(backend or settings.gpu_backend), slots=9)
+
+
+def pending(conn: Redis, batch: str, *, trust: str = "trusted", pr: int = 7) -> Run:
+    return runs.create_run(
+        conn,
+        repo="acme/sample",
+        installation_id=1,
+        pr=pr,
+        sha=SHA,
+        batch=batch,
+        trigger=RunTrigger.PULL_REQUEST,
+        requested_by="maya",
+        config_text=CONFIG,
+        trust=trust,
+    )
+
+
+def tick(conn: Redis) -> scheduler.TickReport:
+    return scheduler.tick(conn, lambda run: "token", "http://127.0.0.1:1")
+
+
+def reports(conn: Redis) -> int:
+    return Queue(REPORTS_QUEUE, connection=conn).count
+
+
+def test_several_batches_are_packed_onto_disjoint_gpus(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    register(redis_conn, settings)
+    made = [pending(redis_conn, b) for b in ("1", "2", "4")]
+    done = tick(redis_conn)
+    assert sorted(done.dispatched) == sorted(r.run_id for r in made)
+    used = [set(runs.get_run(redis_conn, r.run_id).gpus) for r in made]  # type: ignore[union-attr]
+    assert sum(len(u) for u in used) == 7
+    assert len(set().union(*used)) == 7  # no GPU twice
+    assert Queue(host_queue(HOST), connection=redis_conn).count == 3
+
+
+def test_a_batch_no_host_can_ever_run_fails_at_once(redis_conn: Redis, settings: Settings) -> None:
+    register(redis_conn, settings, "sim:1xT4-16GB")
+    run = pending(redis_conn, "2")
+    done = tick(redis_conn)
+    assert run.run_id in done.failed
+    failed = runs.get_run(redis_conn, run.run_id)
+    assert failed is not None
+    assert (failed.state, failed.conclusion) == (RunState.COMPLETED, "failure")
+    assert "needs 2 GPUs" in failed.title
+    assert reports(redis_conn) == 1
+
+
+def test_waiting_run_shows_why_and_reports_only_changes(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    register(redis_conn, settings)
+    assert leases.acquire(redis_conn, HOST, [0, 1], "other-run:x", 60)
+    run = pending(redis_conn, "8")
+    tick(redis_conn)
+    waiting = runs.get_run(redis_conn, run.run_id)
+    assert waiting is not None and waiting.state is RunState.PENDING
+    assert "waiting for 8 idle GPUs" in waiting.wait_reason
+    assert "largest idle set: 6 on h1" in waiting.wait_reason
+    assert "position 1" in waiting.wait_reason
+    tick(redis_conn)
+    tick(redis_conn)
+    assert reports(redis_conn) == 1  # the reason did not change: no new Check Run update
+    leases.release(redis_conn, HOST, [0, 1], "other-run:x")
+    assert tick(redis_conn).dispatched == [run.run_id]
+
+
+def test_runs_of_a_lost_host_are_requeued_once_then_failed(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    register(redis_conn, settings)
+    run = pending(redis_conn, "1")
+    assert tick(redis_conn).dispatched == [run.run_id]
+    redis_conn.delete(keys.host_alive(HOST))  # the heartbeat stopped
+    assert tick(redis_conn).requeued == [run.run_id]
+    again = runs.get_run(redis_conn, run.run_id)
+    assert again is not None
+    assert (again.state, again.attempts) == (RunState.PENDING, 1)
+    assert again.wait_reason.startswith("re-queued: worker lost on h1; ")
+    assert all(v is None for v in leases.holders(redis_conn, HOST, range(8)).values())
+    register(redis_conn, settings)
+    assert tick(redis_conn).dispatched == [run.run_id]
+    redis_conn.delete(keys.host_alive(HOST))
+    assert tick(redis_conn).failed == {run.run_id: "worker lost on h1"}
+
+
+def test_worker_requeues_when_a_gpu_got_busy_before_start(
+    redis_conn: Redis, settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = tmp_path / "gpus.json"
+    gpus = [{"name": "NVIDIA H20", "memory_gb": 96, "compute_capability": "9.0"} for _ in range(2)]
+    spec.write_text(json.dumps({"gpus": gpus}))
+    monkeypatch.setenv("GPUCI_GPU_BACKEND", f"sim:{spec}")
+    register(redis_conn, Settings.from_env(dotenv=None))
+    run = pending(redis_conn, "1")
+    assert tick(redis_conn).dispatched == [run.run_id]
+    gpus[0]["processes"] = [{"pid": 999, "used_memory_mb": 20000, "name": "someone"}]
+    spec.write_text(json.dumps({"gpus": gpus}))  # a foreign process appears before start
+    process_host_queue(redis_conn)
+    back = runs.get_run(redis_conn, run.run_id)
+    assert back is not None and back.state is RunState.PENDING
+    assert "GPUs got busy before start" in back.wait_reason
+    assert "pid 999" in back.wait_reason
+    assert leases.holders(redis_conn, HOST, [0])[0] is None
+
+
+def test_worker_refuses_a_commit_whose_approval_was_voided(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    register(redis_conn, settings)
+    run = pending(redis_conn, "1", trust="approved")  # approved once; no approval stored now
+    assert tick(redis_conn).dispatched == [run.run_id]
+    process_host_queue(redis_conn)
+    refused = runs.get_run(redis_conn, run.run_id)
+    assert refused is not None
+    assert (refused.state, refused.conclusion) == (RunState.COMPLETED, "failure")
+    assert "no longer trusted or approved" in refused.title
+    assert all(v is None for v in leases.holders(redis_conn, HOST, range(8)).values())
+
+
+def test_cancelled_before_start_does_nothing(redis_conn: Redis, settings: Settings) -> None:
+    register(redis_conn, settings)
+    run = pending(redis_conn, "1")
+    assert tick(redis_conn).dispatched == [run.run_id]
+    runs.cancel_runs(redis_conn, "acme/sample", 7, "Superseded by commit `abc`.")
+    process_host_queue(redis_conn)
+    cancelled = runs.get_run(redis_conn, run.run_id)
+    assert cancelled is not None and cancelled.state is RunState.CANCELLED
+    assert all(v is None for v in leases.holders(redis_conn, HOST, range(8)).values())
+
+
+def process_host_queue(conn: Redis) -> None:
+    from rq import SimpleWorker
+
+    SimpleWorker([Queue(host_queue(HOST), connection=conn)], connection=conn).work(burst=True)
