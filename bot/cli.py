@@ -349,7 +349,7 @@ def cmd_scheduler(args: argparse.Namespace, settings: Settings) -> int:
 
     from bot.github_app import GitHubApp, GitHubAppError
     from bot.runs import Run
-    from bot.scheduler import main_loop
+    from bot.scheduler import Schedules, main_loop
 
     try:
         app = GitHubApp.from_settings(settings)
@@ -362,7 +362,8 @@ def cmd_scheduler(args: argparse.Namespace, settings: Settings) -> int:
 
     _log_to_stderr()
     conn = Redis.from_url(settings.redis_url)
-    main_loop(conn, source_token, settings.github_api_url, stop=lambda: False)
+    schedules = Schedules(conn, app)
+    main_loop(conn, source_token, settings.github_api_url, lambda: False, schedules)
     return EXIT_OK
 
 

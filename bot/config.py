@@ -8,6 +8,7 @@ import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -204,6 +205,36 @@ def cron_problem(expression: str) -> str | None:
             if problem:
                 return f"{what} field {text!r}: {problem}; {_CRON_HINT}"
     return None
+
+
+def cron_matches(expression: str, moment: datetime) -> bool:
+    """Whether a valid cron expression fires in `moment`'s minute (in `moment`'s time zone).
+    As in cron, when both day fields are restricted a match of either one is enough."""
+    fields = expression.split()
+    weekday = moment.isoweekday() % 7  # cron: 0 and 7 are Sunday
+    values = (moment.minute, moment.hour, moment.day, moment.month, weekday)
+    hits = [
+        _cron_field_matches(text, value, low, high)
+        for text, value, (_, low, high) in zip(fields, values, _CRON_FIELDS, strict=True)
+    ]
+    minute, hour, day, month, dow = hits
+    restricted = fields[2] != "*" and fields[4] != "*"
+    days = (day or dow) if restricted else (day and dow)
+    return minute and hour and month and days
+
+
+def _cron_field_matches(text: str, value: int, low: int, high: int) -> bool:
+    for item in text.split(","):
+        match = _CRON_ITEM.fullmatch(item)
+        if match is None:
+            continue
+        star, start, end, step = match.groups()
+        first = low if star == "*" else int(start)
+        last = high if star == "*" or (step and end is None) else int(end or start)
+        allowed = range(first, last + 1, int(step or 1))
+        if value in allowed or (high == 7 and value == 0 and 7 in allowed):
+            return True
+    return False
 
 
 def _cron_item_problem(item: str, low: int, high: int) -> str | None:

@@ -148,7 +148,26 @@ def handle_delivery(event: str, delivery_id: str, payload: dict[str, Any]) -> st
         log.warning("delivery=%s event=%s dropped: %s", delivery_id, event, problem)
         return f"dropped: {problem}"
     found = Delivery(event, delivery_id, payload)
-    return HANDLERS[event](context(), found)
+    ctx = context()
+    _remember_repos(ctx, found)
+    return HANDLERS[event](ctx, found)
+
+
+def _remember_repos(ctx: Context, d: Delivery) -> None:
+    """Record which installation serves each repository gpuci hears from (for schedules)."""
+    names = [str((d.payload.get("repository") or {}).get("full_name") or "")]
+    for key in ("repositories", "repositories_added"):
+        names += [str(r.get("full_name")) for r in d.payload.get(key) or () if isinstance(r, dict)]
+    found: dict[Any, Any] = {n: str(d.installation_id) for n in names if "/" in n}
+    if d.event == "installation" and d.payload.get("action") == "deleted":
+        if found:
+            ctx.redis.hdel(keys.repos(), *found)
+        return
+    if found:
+        ctx.redis.hset(keys.repos(), mapping=found)
+    for r in d.payload.get("repositories_removed") or ():
+        if isinstance(r, dict) and r.get("full_name"):
+            ctx.redis.hdel(keys.repos(), str(r["full_name"]))
 
 
 # --- one delivery about one PR ---------------------------------------------------------------

@@ -172,6 +172,12 @@ class RepoClient:
         )
         return data
 
+    def default_head(self) -> tuple[str, str]:
+        """(default branch, the SHA at its head)."""
+        branch = str(self._call("GET", "")["default_branch"])
+        found = self._call("GET", f"/branches/{_quote(branch)}")
+        return branch, str(found["commit"]["sha"])
+
     def pull(self, number: int) -> dict[str, Any]:
         found: dict[str, Any] = self._call("GET", f"/pulls/{number}")
         return found

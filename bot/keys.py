@@ -129,3 +129,27 @@ def reported(run_id: str) -> str:
     """String: set once a run's final Check Run update was sent (annotations are appended by
     GitHub, so the final report must go out exactly once)."""
     return f"{PREFIX}:reported:{run_id}"
+
+
+def repos() -> str:
+    """Hash repo full name -> installation id: every repository gpuci heard from (schedules)."""
+    return f"{PREFIX}:repos"
+
+
+def schedule_fired(repo: str, layer: str, minute: str) -> str:
+    """String: a layer's schedule already fired in that minute (no double runs), 1 hour."""
+    return f"{PREFIX}:schedule:{repo}:{layer}:{minute}"
+
+
+# --- health and metrics (bot/web.py, bot/metrics.py) -----------------------------------------
+
+
+def scheduler_alive() -> str:
+    """String with a TTL: epoch seconds of the scheduler's last round; present while it beats."""
+    return f"{PREFIX}:scheduler:alive"
+
+
+def webhook_counts() -> str:
+    """Hash "event:outcome" -> deliveries answered so (outcomes in bot/webhooks.py; never
+    expires). The event is "-" for a rejected delivery: unverified headers make no fields."""
+    return f"{PREFIX}:webhook-counts"

@@ -8,6 +8,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
@@ -15,7 +16,8 @@ from redis import Redis
 from rq import Queue
 
 from bot import keys, runs
-from bot.config import Batch, ConfigError, HostGpu, load_config
+from bot.config import Batch, ConfigError, HostGpu, Layer, cron_matches, load_config
+from bot.github_app import GitHubApp
 from bot.planner import HostGpuSlot, HostView, PendingRun, Plan, Priority, plan
 from bot.runs import Run, RunState, RunTrigger
 from workers import leases
@@ -64,7 +66,7 @@ def host_views(conn: Redis, now: float) -> list[HostView]:
     """Every registered host as the planner sees it: GPUs, idle ones, when leased ones free up."""
     views = []
     for raw_name in sorted(conn.smembers(keys.hosts())):
-        name = raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name)
+        name = _text(raw_name)
         record = conn.hgetall(keys.host(name))
         gpus = json.loads(record.get(b"gpus", b"[]")) if record else []
         alive = bool(conn.exists(keys.host_alive(name)))
@@ -244,12 +246,111 @@ def drain_dead_hosts(conn: Redis, done: TickReport) -> None:
             _fail(conn, run, reason, done)
 
 
+# --- scheduled layers ------------------------------------------------------------------------
+
+CONFIG_CACHE_S = 600
+
+
+@dataclass
+class Schedules:
+    """Fires layers whose `schedule` matches the current minute, against each repository's
+    default-branch head; configs are re-read from GitHub every CONFIG_CACHE_S seconds."""
+
+    conn: Redis
+    app: GitHubApp
+    configs: dict[str, tuple[float, str]] = field(default_factory=dict)
+
+    def fire(self, now: datetime) -> list[str]:
+        """The run ids created for this minute (none twice, whatever runs this)."""
+        created: list[str] = []
+        for repo, installation in _known_repos(self.conn).items():
+            try:
+                created += self._fire_repo(repo, installation, now)
+            except Exception as exc:  # one repository's trouble must not stop the others
+                log.warning("schedules of %s: %s", repo, exc)
+        return created
+
+    def _fire_repo(self, repo: str, installation: int, now: datetime) -> list[str]:
+        text = self._config_text(repo, installation)
+        if not text:
+            return []
+        try:
+            config = _config(text)
+        except ConfigError:
+            return []  # the events worker reports config errors on PRs
+        due = [layer for layer in config.layers.values() if _due(self.conn, repo, layer, now)]
+        if not due:
+            return []
+        _, sha = self.app.repo(installation, repo).default_head()
+        return [
+            _scheduled_run(self.conn, repo, installation, sha, batch, text, layer.name)
+            for layer in due
+            for batch in layer.batches
+        ]
+
+    def _config_text(self, repo: str, installation: int) -> str:
+        fetched_at, text = self.configs.get(repo, (0.0, ""))
+        if time.time() - fetched_at > CONFIG_CACHE_S:
+            client = self.app.repo(installation, repo)
+            branch, _ = client.default_head()
+            text = client.file_text(".gpuci.yml", branch) or ""
+            self.configs[repo] = (time.time(), text)
+        return text
+
+
+def _known_repos(conn: Redis) -> dict[str, int]:
+    raw = conn.hgetall(keys.repos())
+    return {_text(k): int(v) for k, v in raw.items()}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _due(conn: Redis, repo: str, layer: Layer, now: datetime) -> bool:
+    if not layer.schedule or not cron_matches(layer.schedule, now):
+        return False
+    minute = now.strftime("%Y%m%d%H%M")
+    return bool(conn.set(keys.schedule_fired(repo, layer.name, minute), 1, nx=True, ex=3600))
+
+
+def _scheduled_run(
+    conn: Redis, repo: str, installation: int, sha: str, batch: str, text: str, layer: str
+) -> str:
+    run = runs.create_run(
+        conn,
+        repo=repo,
+        installation_id=installation,
+        pr=0,
+        sha=sha,
+        batch=batch,
+        trigger=RunTrigger.SCHEDULE,
+        requested_by=f"schedule of layer {layer}",
+        config_text=text,
+        trust="trusted",
+        wait_reason="waiting for a GPU host",
+    )
+    report(conn, run.run_id)  # creates its Check Run on the default-branch commit
+    log.info("layer %s of %s: run %s (batch %s) at %s", layer, repo, run.run_id, batch, sha[:10])
+    return run.run_id
+
+
 def main_loop(
-    conn: Redis, source_token: SourceToken, api_url: str, stop: Callable[[], bool]
+    conn: Redis,
+    source_token: SourceToken,
+    api_url: str,
+    stop: Callable[[], bool],
+    schedules: Schedules | None = None,
 ) -> None:
-    """Schedule every TICK_S seconds until `stop()`; a failing round is logged, not fatal."""
+    """Schedule every TICK_S seconds until `stop()`, firing layer schedules once a minute; a
+    failing round is logged, not fatal."""
     log.info("scheduler started (host heartbeat TTL %ss)", HOST_TTL_S)
+    last_minute = ""
     while not stop():
+        now = datetime.now(UTC)
+        if schedules is not None and now.strftime("%H%M") != last_minute:
+            last_minute = now.strftime("%H%M")
+            schedules.fire(now)
         try:
             done = tick(conn, source_token, api_url)
             if done.dispatched or done.failed or done.requeued:

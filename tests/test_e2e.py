@@ -60,8 +60,8 @@ def schedule(stack: Stack) -> scheduler.TickReport:
 def run_everything(stack: Stack) -> None:
     """Events, then scheduling rounds with the host's runs and the reports, until nothing moves."""
     stack.process()
-    register_host(stack.redis)
     for _ in range(10):
+        register_host(stack.redis)  # the heartbeat a real `gpuci worker` renews every 3 s
         done = schedule(stack)
         stack.process(host_queue(HOST))
         stack.process(REPORTS_QUEUE)
