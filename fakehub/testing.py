@@ -6,6 +6,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
@@ -26,18 +27,26 @@ class Running:
 
 
 @contextmanager
-def running(
-    world: World, *, webhook_url: str | None = None, webhook_secret: str | None = None
-) -> Iterator[Running]:
-    app = create_app(world, webhook_url=webhook_url, webhook_secret=webhook_secret)
-    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=_QuietHandler)
+def serving(app: Any, host: str = "127.0.0.1", port: int = 0) -> Iterator[BaseWSGIServer]:
+    """Any WSGI app on a real port (threaded, quiet) in a background thread, until the block
+    ends."""
+    server = make_server(host, port, app, threaded=True, request_handler=_QuietHandler)
     thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="fakehub", daemon=True
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="wsgi", daemon=True
     )
     thread.start()
     try:
-        yield Running(world, f"http://127.0.0.1:{server.port}", server)
+        yield server
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@contextmanager
+def running(
+    world: World, *, webhook_url: str | None = None, webhook_secret: str | None = None
+) -> Iterator[Running]:
+    app = create_app(world, webhook_url=webhook_url, webhook_secret=webhook_secret)
+    with serving(app) as server:
+        yield Running(world, f"http://127.0.0.1:{server.port}", server)

@@ -197,17 +197,6 @@ def test_summarize_refuses_hostile_xml(env: Path, capsys: pytest.CaptureFixture[
     assert "evil.xml" in capsys.readouterr().err
 
 
-def test_demo_runs_every_sample_batch(
-    env: Path, redis_url: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert main(["demo", "--once"]) == 0
-    out = capsys.readouterr().out
-    for name, (_, conclusion, _) in SAMPLE_OUTCOMES.items():
-        assert f"gpuci / batch {name}: {conclusion.upper()}" in out
-    assert "1 test marked xfail now passes: remove the marker" in out
-    assert "Not validated: 0 passed, 4 skipped" in out
-
-
 def test_pytest_usage_error_is_a_failure_with_the_log(
     env: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -207,10 +207,14 @@ def _skips_section(s: Summary) -> str:
     return f"### Skipped ({s.skipped})\n\n{table}"
 
 
+SLOWEST_MIN_S = 0.01  # tests faster than this are noise in the "Slowest tests" table
+
+
 def _slowest_section(s: Summary) -> str:
-    if not s.slowest:
+    slow = [(tid, seconds) for tid, seconds in s.slowest if seconds >= SLOWEST_MIN_S]
+    if not slow:
         return ""
-    rows = [[inline(tid), f"{seconds:.2f}"] for tid, seconds in s.slowest]
+    rows = [[inline(tid), f"{seconds:.2f}"] for tid, seconds in slow]
     return "### Slowest tests\n\n" + _table(["test", "seconds"], rows)
 
 

@@ -1,0 +1,80 @@
+"""`gpuci demo --once`: the whole system plays its story and leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.cli import main
+
+
+def demo_processes() -> set[int]:
+    """Processes the demo started (events, scheduler, worker and its pool, test runs): they
+    carry the demo host's name in their environment."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"GPUCI_HOST=demo-gpu-01\0" in environ:
+            found.add(int(entry.name))
+    return found
+
+
+def test_demo_plays_the_story_and_cleans_up(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    redis_url: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    assert demo_processes() == set()
+    assert main(["demo", "--once"]) == 0
+    out = capsys.readouterr().out
+    for scene in ("== 1.", "== 2.", "== 3.", "== 4.", "== 5."):
+        assert scene in out
+    # a maintainer's PR runs layer 2; the XPASS and skip reasons are shown as GitHub would
+    assert "gpuci / batch 1: SUCCESS" in out
+    assert "1 test marked xfail now passes: remove the marker" in out
+    assert "needs FlashAttention-2" in out
+    assert "gpuci / batch 2: FAILURE - 1 failed, 2 passed, 1 error" in out
+    # the fork waits, is approved by label, and a push voids the approval
+    assert "action_required, 'Approval needed before GPU runs'" in out
+    assert "label gpuci/approved removed" in out
+    # the 8-GPU batch waits with its reason, then runs once the foreign process leaves
+    assert "waiting for 8 idle GPUs; largest idle set: 7 on demo-gpu-01" in out
+    assert "gpuci / batch 8: FAILURE - 1 failed, 6 passed, 1 error" in out
+    assert "The dashboard: http://127.0.0.1:" in out
+    assert demo_processes() == set()
+
+
+def test_ctrl_c_while_serving_stops_everything(redis_url: str, tmp_path: Path) -> None:
+    env = {**os.environ, "REDIS_URL": redis_url}
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", "demo"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            if "Serving until Ctrl-C" in line:
+                break
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(timeout=60) == 0
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo_processes() == set()
