@@ -26,6 +26,7 @@ from workers.host import HOST_TTL_S, Ticket, host_queue, report
 log = logging.getLogger("gpuci.scheduler")
 
 TICK_S = 2.0
+SCHEDULER_TTL_S = 30  # /healthz calls the scheduler gone when its last round is older
 REQUEUE_LIMIT = 1  # a run whose host died is re-queued this many times, then failed
 JOB_MARGIN_S = 900  # RQ's job timeout = the batch's timeout + this (the runner kills first)
 PRIORITIES = {
@@ -125,6 +126,7 @@ def tick(
 ) -> TickReport:
     """One scheduling round: drain dead hosts, plan, dispatch, and publish wait reasons."""
     now = time.time() if now is None else now
+    conn.set(keys.scheduler_alive(), f"{now:.3f}", ex=SCHEDULER_TTL_S)
     done = TickReport()
     drain_dead_hosts(conn, done)
     pending = pending_view(conn, done)
