@@ -512,6 +512,7 @@ def start_runs(h: Handling, request: RunRequest, trust: str) -> None:
     that commit is left alone; one awaiting approval becomes pending."""
     trigger = TRIGGERS.get(request.trigger, RunTrigger.PULL_REQUEST)
     created = []
+    asked_at = time.time()
     for batch in request.batches:
         run = _active_run(h, request.sha, batch)
         if run is None:
@@ -522,6 +523,7 @@ def start_runs(h: Handling, request: RunRequest, trust: str) -> None:
                 requested_by=request.requested_by,
                 wait_reason="waiting for a GPU host",
                 trust=trust,
+                created_at=asked_at,
             )
             created.append(run.run_id)
         elif run.state is RunState.AWAITING_APPROVAL:

@@ -7,6 +7,7 @@ import logging
 import time
 import urllib.parse
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ log = logging.getLogger("gpuci.github")
 # GitHub answers these before doing anything, so even a POST may be sent again.
 NOT_PROCESSED = frozenset({403, 429})
 SOURCE_PERMISSIONS = {"contents": "read"}  # all a GPU host may do with a source token
+SOURCE_TOKEN_MARGIN_S = 15 * 60  # a cached source token is reused while it has this much left
 
 
 class GitHubAppError(ValueError):
@@ -92,6 +94,7 @@ class GitHubApp:
         self._clients: dict[int, Github] = {}
         self._installations: dict[str, int] = {}
         self._slug: str | None = None
+        self._source_tokens: dict[tuple[int, str], tuple[str, float]] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings, *, retry: AppRetry | None = None) -> GitHubApp:
@@ -138,15 +141,29 @@ class GitHubApp:
         return RepoClient(self.client(installation_id), full_name)
 
     def source_token(self, installation_id: int, repo_name: str) -> str:
-        """A fresh installation token for one repository with `contents: read` only: what a GPU
-        host gets to download the source archive, and nothing more."""
+        """An installation token for one repository with `contents: read` only: what a GPU
+        host gets to download the source archive, and nothing more. Reused while it has more
+        than SOURCE_TOKEN_MARGIN_S left (its scope is the same for every run of the repo)."""
         name = repo_name.rpartition("/")[2]
+        cached = self._source_tokens.get((installation_id, name))
+        if cached and cached[1] - time.time() > SOURCE_TOKEN_MARGIN_S:
+            return cached[0]
         _, data = self.integration.requester.requestJsonAndCheck(
             "POST",
             f"/app/installations/{installation_id}/access_tokens",
             input={"repositories": [name], "permissions": SOURCE_PERMISSIONS},
         )
-        return str(data["token"])
+        token = str(data["token"])
+        expires = _epoch(str(data.get("expires_at") or "")) or time.time() + 3600
+        self._source_tokens[(installation_id, name)] = (token, expires)
+        return token
+
+
+def _epoch(timestamp: str) -> float | None:
+    try:
+        return datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
 
 
 def _read_key(path: Path) -> str:

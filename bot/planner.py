@@ -55,6 +55,7 @@ class HostView:
     idle: frozenset[int] = frozenset()
     busy_until: Mapping[int, float | None] = field(default_factory=dict)
     alive: bool = True
+    free_slots: int | None = None  # runs the host can still take at once (None: no limit)
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,7 @@ class _Board:
         self.slots = {h.name: {slot.index: slot.gpu for slot in h.gpus} for h in hosts}
         self.free = {h.name: set(h.idle) & set(self.slots[h.name]) for h in hosts}
         self.ends = {h.name: _known_ends(h) for h in hosts}
+        self.slots_left = {h.name: h.free_slots for h in hosts}
 
     def matching(self, host: str, batch: Batch) -> list[int]:
         """Indices of the host's GPUs that meet the batch's constraints."""
@@ -172,6 +174,8 @@ class _Board:
     def usable(self, host: str, run: PendingRun, hold: Reservation | None) -> list[int]:
         """Free matching GPUs the run may take, reserved ones last: a run may borrow those
         only if it is expected to end by the time the reservation starts."""
+        if self.slots_left[host] == 0:
+            return []  # every run slot of the host is taken: nothing more starts there now
         held = set(hold.gpu_indices) if hold and hold.host == host else set()
         may_borrow = hold is None or self.now + run.expected_s <= hold.start_at
         free = [i for i in self.matching(host, run.batch) if i in self.free[host]]
@@ -192,6 +196,9 @@ class _Board:
         chosen = tuple(sorted(usable[: run.batch.gpus]))
         self.free[host].difference_update(chosen)
         self.ends[host].update(dict.fromkeys(chosen, self.now + run.expected_s))
+        left = self.slots_left[host]
+        if left is not None:
+            self.slots_left[host] = left - 1
         return Assignment(run.run_id, host, chosen)
 
     def reserve(self, run: PendingRun) -> Reservation | None:

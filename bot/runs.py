@@ -145,9 +145,12 @@ def create_run(
     config_text: str = "",
     wait_reason: str = "",
     trust: str = "",
+    created_at: float | None = None,
 ) -> Run:
-    """A new run with the next id, indexed by PR and commit; pending runs join the pending set."""
-    now = time.time()
+    """A new run with the next id, indexed by PR and commit; pending runs join the pending set.
+    Runs asked for together share `created_at`, so the planner orders them by size, not by
+    the order they were written in."""
+    now = time.time() if created_at is None else created_at
     run = Run(
         run_id=str(conn.incr(keys.run_counter())),
         repo=repo,

@@ -6,8 +6,9 @@ import json
 import logging
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -66,12 +67,15 @@ def expected_seconds(conn: Redis, run: Run, batch: Batch) -> float:
 def host_views(conn: Redis, now: float) -> list[HostView]:
     """Every registered host as the planner sees it: GPUs, idle ones, when leased ones free up."""
     views = []
+    busy = Counter(run.host for run in runs.dispatched_runs(conn))
     for raw_name in sorted(conn.smembers(keys.hosts())):
         name = _text(raw_name)
         record = conn.hgetall(keys.host(name))
         gpus = json.loads(record.get(b"gpus", b"[]")) if record else []
         alive = bool(conn.exists(keys.host_alive(name)))
-        views.append(_view(conn, name, gpus, alive, now))
+        view = _view(conn, name, gpus, alive, now)
+        slots = int(record.get(b"slots", b"0") or 0) if record else 0
+        views.append(replace(view, free_slots=max(0, slots - busy[name])) if slots else view)
     return views
 
 
@@ -284,8 +288,9 @@ class Schedules:
         if not due:
             return []
         _, sha = self.app.repo(installation, repo).default_head()
+        fired_at = time.time()
         return [
-            _scheduled_run(self.conn, repo, installation, sha, batch, text, layer.name)
+            _scheduled_run(self.conn, repo, installation, sha, batch, text, layer.name, fired_at)
             for layer in due
             for batch in layer.batches
         ]
@@ -317,7 +322,14 @@ def _due(conn: Redis, repo: str, layer: Layer, now: datetime) -> bool:
 
 
 def _scheduled_run(
-    conn: Redis, repo: str, installation: int, sha: str, batch: str, text: str, layer: str
+    conn: Redis,
+    repo: str,
+    installation: int,
+    sha: str,
+    batch: str,
+    text: str,
+    layer: str,
+    fired_at: float,
 ) -> str:
     run = runs.create_run(
         conn,
@@ -331,6 +343,7 @@ def _scheduled_run(
         config_text=text,
         trust="trusted",
         wait_reason="waiting for a GPU host",
+        created_at=fired_at,
     )
     report(conn, run.run_id)  # creates its Check Run on the default-branch commit
     log.info("layer %s of %s: run %s (batch %s) at %s", layer, repo, run.run_id, batch, sha[:10])

@@ -178,3 +178,11 @@ def test_gpuci_events_refuses_to_start_without_the_app_settings(
     monkeypatch.delenv("GPUCI_PRIVATE_KEY_PATH", raising=False)
     assert cli.main(["events"]) == cli.EXIT_UNUSABLE
     assert "gpuci events: GPUCI_APP_ID must be" in capsys.readouterr().err
+
+
+def test_source_token_is_reused_for_the_same_repository(app: GitHubApp, hub: Running) -> None:
+    first = app.source_token(INSTALLATION, REPO)
+    assert app.source_token(INSTALLATION, REPO) == first
+    scoped = [t for t in state(hub)["tokens"] if t["repositories"] is not None]
+    assert len(scoped) == 1
+    assert scoped[0]["permissions"] == {"contents": "read"}

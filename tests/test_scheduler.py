@@ -175,3 +175,34 @@ def process_host_queue(conn: Redis) -> None:
     from rq import SimpleWorker
 
     SimpleWorker([Queue(host_queue(HOST), connection=conn)], connection=conn).work(burst=True)
+
+
+def test_a_host_takes_no_more_runs_than_its_slots(redis_conn: Redis, settings: Settings) -> None:
+    publish_host(redis_conn, settings, open_backend(settings.gpu_backend), slots=2)
+    made = [pending(redis_conn, "1") for _ in range(4)]
+    assert len(tick(redis_conn).dispatched) == 2
+    assert tick(redis_conn).dispatched == []  # both slots still busy
+    waiting = [runs.get_run(redis_conn, r.run_id) for r in made]
+    assert sum(1 for r in waiting if r and r.state is RunState.PENDING) == 2
+
+
+def test_runs_asked_for_together_start_largest_first(redis_conn: Redis, settings: Settings) -> None:
+    publish_host(redis_conn, settings, open_backend("sim:8xH20-96GB"), slots=1)
+    small, big = (
+        runs.create_run(
+            redis_conn,
+            repo="acme/sample",
+            installation_id=1,
+            pr=0,
+            sha=SHA,
+            batch=batch,
+            trigger=RunTrigger.SCHEDULE,
+            requested_by="schedule",
+            config_text=CONFIG,
+            trust="trusted",
+            created_at=1000.0,
+        )
+        for batch in ("1", "8")
+    )
+    assert tick(redis_conn).dispatched == [big.run_id]
+    assert small.run_id != big.run_id
