@@ -138,7 +138,7 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     # tokens (bot.events.context) are built once and reused, not once per forked job.
     queues = [EVENTS_QUEUE, REPORTS_QUEUE]
     worker = SimpleWorker(queues, connection=Redis.from_url(settings.redis_url))
-    worker.work(with_scheduler=False)
+    worker.work(with_scheduler=True)  # runs the retries of failed jobs when they fall due
     return EXIT_OK
 
 

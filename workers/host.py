@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from redis import Redis
-from rq import Queue
+from rq import Queue, Retry
 
 from bot import keys, runs
 from bot.config import ConfigError, load_config
@@ -34,6 +34,7 @@ RESULT_TTL_S = 30 * 24 * 3600
 JUNIT_MAX_BYTES = 8 * 1024 * 1024  # compressed; larger JUnit files are not kept (summary is)
 REPORTS_QUEUE = "gpuci-reports"
 REPORT_JOB = "bot.reports.report_run"
+REPORT_RETRY_S = [5, 30, 60, 300, 900, 1800]
 
 
 def host_queue(host: str) -> str:
@@ -324,5 +325,8 @@ def load_result(conn: Redis, run_id: str) -> dict[str, Any] | None:
 
 
 def report(conn: Redis, run_id: str) -> None:
-    """Ask the events worker to bring the run's Check Run up to date."""
-    Queue(REPORTS_QUEUE, connection=conn).enqueue(REPORT_JOB, run_id, job_timeout=120)
+    """Ask the events worker to bring the run's Check Run up to date; a report that fails (GitHub
+    down) is retried for about an hour, and the result itself is already safe in Redis."""
+    Queue(REPORTS_QUEUE, connection=conn).enqueue(
+        REPORT_JOB, run_id, job_timeout=120, retry=Retry(max=6, interval=REPORT_RETRY_S)
+    )
