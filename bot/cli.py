@@ -314,7 +314,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from rq.worker_pool import WorkerPool
 
     from workers.gpus import GpuBackendError, open_backend
-    from workers.host import HostHeartbeat, host_queue, publish_host
+    from workers.host import HostHeartbeat, host_queue, publish_host, recover_host_runs
 
     host = args.host or settings.host
     os.environ["GPUCI_HOST"] = host  # the pool's forked workers read their settings again
@@ -328,6 +328,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     conn = Redis.from_url(settings.redis_url)
     try:
         publish_host(conn, settings, backend, slots)
+        lost = recover_host_runs(conn, host)
     except RedisError as exc:
         print(
             f"gpuci worker: Redis at {settings.redis_url} is unreachable ({exc})", file=sys.stderr
@@ -335,6 +336,11 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_UNUSABLE
     _log_to_stderr()
     print(f"gpuci worker: {host} ({backend.describe()}), {slots} slots, queue {host_queue(host)}")
+    if lost:
+        print(
+            f"gpuci worker: runs {', '.join(lost)} were running when {host} last stopped: "
+            "re-queued once, or failed"
+        )
     heartbeat = HostHeartbeat(conn, settings, backend, slots)
     heartbeat.start()
     try:

@@ -22,13 +22,12 @@ from bot.github_app import GitHubApp
 from bot.planner import HostGpuSlot, HostView, PendingRun, Plan, Priority, plan
 from bot.runs import Run, RunState, RunTrigger
 from workers import leases
-from workers.host import HOST_TTL_S, Ticket, host_queue, report
+from workers.host import HOST_TTL_S, Ticket, host_queue, recover_lost_run, report
 
 log = logging.getLogger("gpuci.scheduler")
 
 TICK_S = 2.0
 SCHEDULER_TTL_S = 30  # /healthz calls the scheduler gone when its last round is older
-REQUEUE_LIMIT = 1  # a run whose host died is re-queued this many times, then failed
 JOB_MARGIN_S = 900  # RQ's job timeout = the batch's timeout + this (the runner kills first)
 PRIORITIES = {
     RunTrigger.PULL_REQUEST: Priority.PULL_REQUEST,
@@ -232,24 +231,11 @@ def drain_dead_hosts(conn: Redis, done: TickReport) -> None:
         if not run.host or conn.exists(keys.host_alive(run.host)):
             continue
         reason = f"worker lost on {run.host}"
-        leases.release(conn, run.host, run.gpus, run.lease_owner)
-        if run.attempts < REQUEUE_LIMIT:
-            runs.transition(
-                conn,
-                run.run_id,
-                {RunState.ASSIGNED, RunState.RUNNING},
-                state=RunState.PENDING,
-                attempts=run.attempts + 1,
-                host="",
-                gpus=(),
-                lease_owner="",
-                wait_reason=f"re-queued: {reason}",
-                note=f"re-queued: {reason}",
-            )
+        outcome = recover_lost_run(conn, run, reason)
+        if outcome == "requeued":
             done.requeued.append(run.run_id)
-            report(conn, run.run_id)
-        else:
-            _fail(conn, run, reason, done)
+        elif outcome == "failed":
+            done.failed[run.run_id] = reason
 
 
 # --- scheduled layers ------------------------------------------------------------------------

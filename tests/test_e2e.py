@@ -223,3 +223,33 @@ def state_of(stack: Stack, run_id: str) -> RunState | None:
 def finished(stack: Stack, run_id: str) -> bool:
     run = runs.get_run(stack.redis, run_id)
     return run is not None and run.finished_at > 0
+
+
+def test_a_batch_whose_gpu_lease_is_lost_is_stopped(
+    loop: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUCI_LEASE_TTL_S", "3")  # renewed every second
+    pr = loop.open_pr("maya", "slow-gpu", repo="acme/sample")
+    loop.process()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", "worker", "--host", HOST, "--slots", "4"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: bool(loop.redis.exists(keys.host_alive(HOST))))
+        schedule(loop)
+        one = next(
+            r for r in runs.runs_of_pr(loop.redis, "acme/sample", pr["number"]) if r.batch == "1"
+        )
+        wait_for(lambda: state_of(loop, one.run_id) is RunState.RUNNING)
+        (gpu,) = runs.get_run(loop.redis, one.run_id).gpus  # type: ignore[union-attr]
+        loop.redis.set(keys.gpu_lease(HOST, gpu), "someone-else")  # the lease is taken away
+        wait_for(lambda: finished(loop, one.run_id), timeout_s=30)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+    stopped = runs.get_run(loop.redis, one.run_id)
+    assert stopped is not None
+    assert stopped.conclusion == "cancelled"
+    assert "lease" in stopped.title

@@ -206,3 +206,20 @@ def test_runs_asked_for_together_start_largest_first(redis_conn: Redis, settings
     )
     assert tick(redis_conn).dispatched == [big.run_id]
     assert small.run_id != big.run_id
+
+
+def test_a_restarted_worker_requeues_what_it_was_running(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    from workers.host import recover_host_runs
+
+    register(redis_conn, settings)
+    running, assigned = pending(redis_conn, "1"), pending(redis_conn, "2")
+    assert len(tick(redis_conn).dispatched) == 2
+    runs.transition(redis_conn, running.run_id, {RunState.ASSIGNED}, state=RunState.RUNNING)
+    assert recover_host_runs(redis_conn, HOST) == [running.run_id]
+    again = runs.get_run(redis_conn, running.run_id)
+    assert again is not None and again.state is RunState.PENDING
+    assert again.wait_reason == "re-queued: worker restarted on h1"
+    still = runs.get_run(redis_conn, assigned.run_id)
+    assert still is not None and still.state is RunState.ASSIGNED  # its job is still queued

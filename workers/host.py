@@ -33,6 +33,7 @@ HEARTBEAT_S = 3.0
 RESULT_TTL_S = 30 * 24 * 3600
 JUNIT_MAX_BYTES = 8 * 1024 * 1024  # compressed; larger JUnit files are not kept (summary is)
 REPORTS_QUEUE = "gpuci-reports"
+REQUEUE_LIMIT = 1  # a run whose worker was lost is re-queued this many times, then failed
 REPORT_JOB = "bot.reports.report_run"
 REPORT_RETRY_S = [5, 30, 60, 300, 900, 1800]
 
@@ -142,7 +143,7 @@ def _execute(
         return _requeue(conn, run, str(exc))
     with leases.LeaseHeartbeat(
         conn, settings.host, ticket.gpu_indices, ticket.lease_owner, settings.lease_ttl_s
-    ):
+    ) as heartbeat:
         running = runs.transition(
             conn,
             run.run_id,
@@ -154,8 +155,10 @@ def _execute(
         if running is None:
             return f"run {run.run_id} was cancelled before it started"
         report(conn, run.run_id)
-        result = _run(conn, settings, backend, running, ticket)
+        result = _run(conn, settings, backend, running, ticket, heartbeat.lost)
         _wait_until_free(backend, ticket.gpu_indices, settings.kill_grace_s)
+    if heartbeat.lost.is_set():  # the batch was stopped: its GPUs were no longer ours
+        result.title = f"Stopped: {heartbeat.reason}"
     _finish(conn, running, result)
     return f"run {run.run_id}: {result.conclusion.value} - {result.title}"
 
@@ -210,13 +213,20 @@ def _requeue(conn: Redis, run: Run, reason: str) -> str:
 
 
 def _run(
-    conn: Redis, settings: Settings, backend: GpuBackend | None, run: Run, ticket: Ticket
+    conn: Redis,
+    settings: Settings,
+    backend: GpuBackend | None,
+    run: Run,
+    ticket: Ticket,
+    lease_lost: threading.Event,
 ) -> BatchResult:
     config = load_config(run.config_text, ".gpuci.yml")
     batch = config.batches[run.batch]
     gpus = [g for g in backend.snapshot() if g.index in ticket.gpu_indices] if backend else []
     cancel = threading.Event()
-    watcher = threading.Thread(target=_watch_cancel, args=(conn, run.run_id, cancel), daemon=True)
+    watcher = threading.Thread(
+        target=_watch_cancel, args=(conn, run.run_id, cancel, lease_lost), daemon=True
+    )
     watcher.start()
     try:
         archive = fetch_archive(
@@ -244,9 +254,16 @@ def _run(
     return conclude_run(settings, batch, run.sha, gpus, outcome)
 
 
-def _watch_cancel(conn: Redis, run_id: str, cancel: threading.Event) -> None:
-    """Poll the run's state; a cancellation (supersede, close, /gpuci cancel) stops the batch."""
+def _watch_cancel(
+    conn: Redis, run_id: str, cancel: threading.Event, lease_lost: threading.Event
+) -> None:
+    """Poll the run's state; a cancellation (supersede, close, /gpuci cancel) or the loss of its
+    GPU leases stops the batch."""
     while not cancel.wait(1.0):
+        if lease_lost.is_set():
+            log.warning("run %s: GPU lease lost; stopping the batch", run_id)
+            cancel.set()
+            return
         try:
             run = runs.get_run(conn, run_id)
         except Exception as exc:  # Redis restarting: keep running, look again
@@ -303,6 +320,39 @@ def _finish(conn: Redis, run: Run, result: BatchResult) -> None:
     if result.outcome.duration_s and not (result.outcome.cancelled or result.outcome.timed_out):
         runs.record_duration(conn, run.repo, run.batch, result.outcome.duration_s)
     report(conn, run.run_id)
+
+
+def recover_lost_run(conn: Redis, run: Run, reason: str) -> str:
+    """A run whose worker was lost: GPUs released, re-queued once, then failed with `reason`;
+    "requeued" or "failed"."""
+    leases.release(conn, run.host, run.gpus, run.lease_owner)
+    outcome = "failed"
+    if run.attempts < REQUEUE_LIMIT:
+        moved = runs.transition(
+            conn,
+            run.run_id,
+            {RunState.ASSIGNED, RunState.RUNNING},
+            state=RunState.PENDING,
+            attempts=run.attempts + 1,
+            host="",
+            gpus=(),
+            lease_owner="",
+            wait_reason=f"re-queued: {reason}",
+            note=f"re-queued: {reason}",
+        )
+        outcome = "requeued" if moved else "gone"
+    else:
+        runs.finish_run(conn, run, conclusion="failure", title=reason)
+    report(conn, run.run_id)
+    log.warning("run %s %s: %s", run.run_id, outcome, reason)
+    return outcome
+
+
+def recover_host_runs(conn: Redis, host: str) -> list[str]:
+    """At worker start: runs this host was running when its previous worker stopped are lost
+    (their processes died with it). Runs only assigned are still in the host's queue."""
+    lost = [r for r in runs.dispatched_runs(conn) if r.host == host and r.state is RunState.RUNNING]
+    return [r.run_id for r in lost if recover_lost_run(conn, r, f"worker restarted on {host}")]
 
 
 def store_result(conn: Redis, run_id: str, result: BatchResult) -> None:
