@@ -15,8 +15,8 @@ log = logging.getLogger("gpuci.web")
 
 
 def create_app(settings: Settings | None = None, redis: Redis | None = None) -> Flask:
-    """The web process: webhooks, health, and (as they land) the dashboard and metrics."""
-    from bot import web, webhooks
+    """The web process: webhooks, health, metrics and the dashboard."""
+    from bot import dashboard, metrics, web, webhooks
 
     settings = settings or Settings.from_env()
     app = Flask("gpuci")
@@ -27,6 +27,8 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
     )
     app.register_blueprint(web.blueprint)
     app.register_blueprint(webhooks.blueprint)
+    app.register_blueprint(metrics.blueprint)
+    app.register_blueprint(dashboard.blueprint)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected_error)
     return app

@@ -50,8 +50,7 @@ def run_demo(settings: Settings, *, once: bool = True) -> int:
             Story(system).play()
             say(f"\nThe dashboard: {system.web_url}/")
             if not once:
-                say("Serving until Ctrl-C.")
-                _wait_for_interrupt()
+                _serve_until_interrupted()
     except RedisUnavailable as exc:
         print(f"gpuci demo: {exc}", file=sys.stderr)
         return 2
@@ -66,8 +65,9 @@ def _demo_url(url: str) -> str:
     return url.rsplit("/", 1)[0] + f"/{DEMO_DB}"
 
 
-def _wait_for_interrupt() -> None:
+def _serve_until_interrupted() -> None:
     with contextlib.suppress(KeyboardInterrupt):
+        say("Serving until Ctrl-C.")
         while True:
             time.sleep(3600)
 
@@ -105,7 +105,8 @@ def running_system(redis_url: str) -> Iterator[System]:
     with tempfile.TemporaryDirectory(prefix="gpuci-demo-") as tmp:
         work = Path(tmp)
         world = load_world(WORLD, key_path=work / "app.pem")
-        web = create_app(Settings(webhook_secret=SECRET, redis_url=redis_url))
+        # the demo's repository is public: the dashboard shows its results without a token
+        web = create_app(Settings(webhook_secret=SECRET, redis_url=redis_url, public_repos=REPO))
         with serving(web) as server:
             web_url = f"http://127.0.0.1:{server.port}"
             with running(world, webhook_url=f"{web_url}/webhook", webhook_secret=SECRET) as hub:

@@ -31,6 +31,16 @@ class Settings:
     host: str = ""
     # Where the dashboard is reachable, for Check Runs' details_url.
     public_url: str = "http://127.0.0.1:8000"
+    # Dashboard access token: when set, dashboard pages and JUnit downloads need it (`?token=`
+    # once, then a cookie; or `Authorization: Bearer`). /webhook, /healthz, /metrics stay open.
+    dashboard_token: str = ""
+    # Comma-separated repositories (fnmatch patterns, e.g. `acme/*`) whose results the
+    # dashboard shows without a token. gpuci does not know a repository's visibility, so every
+    # other repository counts as private: its titles, summaries, logs and JUnit XML are shown
+    # only with a token configured and presented.
+    public_repos: str = ""
+    # Repositories (same patterns) that are private even when GPUCI_PUBLIC_REPOS matches them.
+    private_repos: str = ""
     # Parent directory of the fresh per-run working directories.
     work_dir: str = ""
     # A GPU counts as idle only with at most this much memory used (MiB)...

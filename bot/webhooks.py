@@ -89,6 +89,14 @@ def enqueue_delivery(conn: Redis, event: str, delivery_id: str, payload: dict[st
         raise
 
 
+def count_delivery(conn: Redis, event: str, outcome: str) -> None:
+    """Count an answered delivery for /metrics; counting never fails the request."""
+    try:
+        conn.hincrby(keys.webhook_counts(), f"{event or '-'}:{outcome}", 1)
+    except RedisError as exc:
+        log.warning("cannot count delivery (%s:%s): %s", event, outcome, exc)
+
+
 def _answer(status: int, **body: Any) -> Response:
     response = jsonify(body)
     response.status_code = status
@@ -106,19 +114,25 @@ def receive() -> ResponseReturnValue:
     event = headers.get("X-GitHub-Event", "")
     if rejection:
         log.warning("rejected delivery=%s event=%s: %s", delivery, event, rejection.message)
+        count_delivery(conn, "-", "rejected")
         return _answer(rejection.status, error=rejection.message)
     if event == "ping":
+        count_delivery(conn, event, "ping")
         return _answer(200, ok=True, zen=payload.get("zen", ""))
     if event not in HANDLED_EVENTS:
         log.info("ignored delivery=%s event=%s (not an event gpuci acts on)", delivery, event)
+        count_delivery(conn, event, "ignored")
         return _answer(202, accepted=True, handled=False)
     try:
         if not remember_delivery(conn, delivery):
             log.info("duplicate delivery=%s event=%s: already queued", delivery, event)
+            count_delivery(conn, event, "duplicate")
             return _answer(202, accepted=True, duplicate=True)
         enqueue_delivery(conn, event, delivery, payload)
     except RedisError as exc:
         log.error("redis unavailable, delivery=%s event=%s not queued: %s", delivery, event, exc)
+        count_delivery(conn, event, "unavailable")
         return _answer(503, error="queue unavailable, retry later")
     log.info("queued delivery=%s event=%s action=%s", delivery, event, payload.get("action"))
+    count_delivery(conn, event, "queued")
     return _answer(202, accepted=True, handled=True)
