@@ -18,14 +18,10 @@ The real scheduler learns each batch's expected duration from the history of its
 the bench records each batch's nominal scaled duration once beforehand. GitHub's pacing of
 writes (1 s between two; minting a source token is one) is compressed like everything else.
 
-Why not `gpuci worker --slots 1` as the baseline: the scheduler does not read a host's slots, so
-it still leases disjoint GPUs for several runs at once and queues them on the host, where they
-wait holding scheduler leases (120 s TTL) while the planner counts them as running. At real
-durations those leases expire in the queue and the runs are refused at start ("lease lost") and
-planned again; compressed, they mostly would not, so the figure would depend on SCALE. Creating
-one run at a time gives the serial execution of a lock with no such dependence.
+Why the baseline creates one run at a time rather than using `gpuci worker --slots 1`: it is
+the serial execution of a host-wide lock with no scheduling decisions in it at all.
 
-    .venv/bin/python bench/layer3_makespan.py [--scale 1.0] [--order config|lpt]
+    .venv/bin/python bench/layer3_makespan.py [--scale 1.0] [--order shared|config|lpt]
 """
 
 from __future__ import annotations
@@ -203,7 +199,7 @@ class Bench:
     def source_token(self, run: Run) -> str:
         return self.app.source_token(run.installation_id, run.repo.split("/", 1)[1])
 
-    def create(self, sha: str, batch: str) -> Run:
+    def create(self, sha: str, batch: str, created_at: float | None = None) -> Run:
         return runs.create_run(
             self.conn,
             repo=REPO,
@@ -215,6 +211,7 @@ class Bench:
             requested_by="schedule of layer 3",
             config_text=self.config_text,
             trust="trusted",
+            created_at=created_at,
         )
 
     def drive(self, run_ids: Sequence[str], timeout_s: float) -> dict[str, Run]:
@@ -241,10 +238,10 @@ def spans(found: dict[str, Run]) -> dict[str, Span]:
 
 
 def creation_order(config_text: str, order: str) -> list[str]:
-    """The order the scheduler's cron creates a layer's runs in (the layer's batches, each with
-    its own created_at, so the planner takes them first come first served), or largest
-    GPU-minutes first (what the planner's LPT tie-break would give runs sharing one enqueue
-    time)."""
+    """The layer's batches in the order the runs are written. With `--order shared` (what the
+    scheduler's `Schedules` does) they share one created_at and the planner orders them itself,
+    largest GPU-minutes first; `config` and `lpt` give each run its own created_at in that
+    order (first come, first served)."""
     names = list(load_config(config_text, ".gpuci.yml").layers["3"].batches)
     if order == "lpt":
         names.sort(key=lambda n: -LAYER3[n][0] * LAYER3[n][1])
@@ -312,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="seconds per nominal minute")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/7", help="flushed!")
-    parser.add_argument("--order", choices=("config", "lpt"), default="config")
+    parser.add_argument("--order", choices=("shared", "config", "lpt"), default="shared")
     parser.add_argument("--no-baseline", action="store_true", help="skip the one-at-a-time phase")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
@@ -382,7 +379,8 @@ def phases(args: argparse.Namespace, bench: Bench, head: str, baseline_sha: str)
     nominal_serial = sum(m for _, m in LAYER3.values())
     order = creation_order(bench.config_text, args.order)
     print(f"gpuci: {len(order)} runs of Layer 3 pending at once (about {70 * scale:.0f} s)")
-    created = [bench.create(head, name) for name in order]
+    shared = time.time() if args.order == "shared" else None
+    created = [bench.create(head, name, shared) for name in order]
     gpuci = spans(bench.drive([r.run_id for r in created], timeout_s=400 * scale + 120))
     serial: dict[str, Span] | None = None
     if not args.no_baseline:

@@ -8,7 +8,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from redis import Redis
@@ -19,6 +18,7 @@ from bot.config import DEFAULT_APPROVAL_LABEL, Config, ConfigError, ConfigIssue,
 from bot.github_app import GitHubApp, RepoClient
 from bot.runs import Run, RunState, RunTrigger
 from bot.settings import Settings
+from bot.timestamps import epoch
 from bot.trust import (
     APPROVE_ACTION_DESCRIPTION,
     APPROVE_ACTION_ID,
@@ -545,7 +545,7 @@ def on_pull_request(ctx: Context, d: Delivery) -> str:
         return f"ignored: pull_request.{event.action}"
     h = _handling(ctx, d, event.pr, f"pull_request {event.action} by @{event.sender.login}")
     if event.action in NEW_HEAD_ACTIONS:
-        seen = _epoch(d.payload["pull_request"].get("updated_at"))
+        seen = epoch(d.payload["pull_request"].get("updated_at"))
         runs.head_seen_at(ctx.redis, event.pr.repo, event.pr.number, event.pr.head_sha, seen)
     if not load_repo_config(h, check_head=event.action in NEW_HEAD_ACTIONS) and (
         event.action != "closed"
@@ -564,15 +564,6 @@ def on_pull_request(ctx: Context, d: Delivery) -> str:
         sender_role=h.role(event.sender.login) if labelled else Role.NONE,
     )
     return execute(h, decision)
-
-
-def _epoch(timestamp: object) -> float | None:
-    if not isinstance(timestamp, str):
-        return None
-    try:
-        return datetime.fromisoformat(timestamp).timestamp()
-    except ValueError:
-        return None
 
 
 # --- issue_comment ---------------------------------------------------------------------------

@@ -7,7 +7,6 @@ import logging
 import time
 import urllib.parse
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from github.GithubException import RateLimitExceededExceedsMaxWait
 from urllib3.response import BaseHTTPResponse
 
 from bot.settings import Settings
+from bot.timestamps import epoch
 
 log = logging.getLogger("gpuci.github")
 
@@ -154,16 +154,9 @@ class GitHubApp:
             input={"repositories": [name], "permissions": SOURCE_PERMISSIONS},
         )
         token = str(data["token"])
-        expires = _epoch(str(data.get("expires_at") or "")) or time.time() + 3600
+        expires = epoch(data.get("expires_at")) or time.time() + 3600
         self._source_tokens[(installation_id, name)] = (token, expires)
         return token
-
-
-def _epoch(timestamp: str) -> float | None:
-    try:
-        return datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
 
 
 def _read_key(path: Path) -> str:

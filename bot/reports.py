@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
 from typing import Any
 
 from bot import keys, runs
 from bot.events import batch_check_name, context
 from bot.github_app import RepoClient
 from bot.runs import Run, RunState
+from bot.timestamps import iso
 from workers.checks import annotation_chunks
 from workers.host import REPORTS_QUEUE, load_result
 
@@ -18,10 +18,6 @@ log = logging.getLogger("gpuci.reports")
 QUEUE = REPORTS_QUEUE
 SUMMARY_LIMIT = 65535
 REPORTED_TTL_S = 30 * 24 * 3600
-
-
-def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _gpus(run: Run) -> str:
@@ -51,7 +47,7 @@ def check_updates(
             }
         ]
     if run.state is RunState.RUNNING:
-        started = _iso(run.started_at) if run.started_at else None
+        started = iso(run.started_at) if run.started_at else None
         body = {
             **base,
             "status": "in_progress",
@@ -73,7 +69,7 @@ def _completed(
     conclusion = "cancelled" if cancelled else (run.conclusion or "failure")
     body: dict[str, Any] = {**base, "status": "completed", "conclusion": conclusion}
     if run.finished_at:
-        body["completed_at"] = _iso(run.finished_at)
+        body["completed_at"] = iso(run.finished_at)
     if result is None:
         title = "Cancelled" if cancelled else (run.title or "Failed before the batch ran")
         summary = run.wait_reason if cancelled else (run.title or "")

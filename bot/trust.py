@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -22,6 +21,7 @@ from bot.commands import (
     natural_sorted,
     parse_comment,
 )
+from bot.timestamps import epoch
 
 APPROVE_ACTION_ID = "approve"  # the check run `requested_action` identifier of the button
 APPROVE_ACTION_LABEL = "Approve and run"
@@ -205,7 +205,7 @@ class CommentEvent:
             commenter=Actor.from_payload(comment.get("user") or payload.get("sender")),
             body=str(comment.get("body") or ""),
             app_login=app_login,
-            created_at=_epoch(comment.get("created_at")),
+            created_at=epoch(comment.get("created_at")),
         )
 
 
@@ -731,40 +731,3 @@ def _short(sha: str) -> str:
 
 def _names(batches: Sequence[str]) -> str:
     return ", ".join(f"`{b}`" for b in batches)
-
-
-def _epoch(timestamp: object) -> float | None:
-    """GitHub's ISO 8601 `2019-05-15T15:20:21Z` as epoch seconds; None when absent or bad."""
-    if not isinstance(timestamp, str):
-        return None
-    try:
-        return datetime.fromisoformat(timestamp).timestamp()
-    except ValueError:
-        return None
-
-
-__all__ = [
-    "APPROVE_ACTION_DESCRIPTION",
-    "APPROVE_ACTION_ID",
-    "APPROVE_ACTION_LABEL",
-    "RUNNABLE",
-    "Actor",
-    "Approval",
-    "ApprovalVia",
-    "CheckRunAction",
-    "CommentEvent",
-    "Decision",
-    "Effect",
-    "PullRequest",
-    "PullRequestEvent",
-    "Role",
-    "RunRequest",
-    "Trust",
-    "classify_pr",
-    "decide_button",
-    "decide_command",
-    "decide_pull_request",
-    "is_sha",
-    "may_start",
-    "role_from_api",
-]

@@ -13,7 +13,7 @@ from flask import Blueprint, Response, current_app, jsonify, request
 from flask.typing import ResponseReturnValue
 from redis import Redis
 from redis.exceptions import RedisError
-from rq import Queue
+from rq import Queue, Retry
 from werkzeug.datastructures import Headers
 
 from bot import keys
@@ -36,6 +36,9 @@ HANDLED_EVENTS = frozenset(
     }
 )
 DELIVERY_TTL_S = 7 * 24 * 3600  # GitHub redelivers for 3 days; remember a week
+# A delivery whose handling failed (GitHub 5xx, Redis hiccup) is tried again after these
+# delays; handlers are idempotent, so a retry never duplicates a Check Run or a comment.
+DELIVERY_RETRY_S = [10, 60, 300]
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,12 @@ def enqueue_delivery(conn: Redis, event: str, delivery_id: str, payload: dict[st
     """Put plain values on the events queue; forget the delivery again if that fails."""
     try:
         Queue(EVENTS_QUEUE, connection=conn).enqueue(
-            HANDLER, event, delivery_id, payload, job_id=f"delivery-{delivery_id}"
+            HANDLER,
+            event,
+            delivery_id,
+            payload,
+            job_id=f"delivery-{delivery_id}",
+            retry=Retry(max=len(DELIVERY_RETRY_S), interval=DELIVERY_RETRY_S),
         )
     except RedisError:
         conn.delete(keys.delivery(delivery_id))

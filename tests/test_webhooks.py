@@ -78,6 +78,7 @@ def test_queued_job_carries_plain_values(client, redis_conn) -> None:
     (job,) = Queue(webhooks.EVENTS_QUEUE, connection=redis_conn).get_jobs()
     assert job.func_name == webhooks.HANDLER
     assert job.args == ("pull_request", delivery, payload)
+    assert job.retries_left == len(webhooks.DELIVERY_RETRY_S)  # a failed handling is retried
 
 
 def test_repeated_delivery_is_accepted_but_queued_once(client, redis_conn) -> None:
