@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis import Redis
+from redis.exceptions import RedisError
 
 from bot import keys, runs
 from bot.commands import command_runs_allowed, natural_sorted, parse_comment
@@ -74,7 +75,21 @@ class Context:
 @functools.lru_cache(maxsize=1)
 def _context_for(settings: Settings) -> Context:
     redis = Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
-    return Context(settings, redis, GitHubApp.from_settings(settings))
+    github = GitHubApp.from_settings(settings)
+    github.meter = functools.partial(count_github_call, redis)
+    return Context(settings, redis, github)
+
+
+def count_github_call(conn: Redis, method: str, status: str, remaining: int) -> None:
+    """Count a REST call for /metrics; counting never fails the job."""
+    try:
+        pipe = conn.pipeline()
+        pipe.hincrby(keys.github_calls(), f"{method}:{status}", 1)
+        if remaining >= 0:
+            pipe.hset(keys.github_calls(), "remaining", remaining)
+        pipe.execute()
+    except RedisError as exc:
+        log.warning("could not count a GitHub call: %s", exc)
 
 
 def context() -> Context:

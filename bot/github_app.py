@@ -6,6 +6,7 @@ import base64
 import logging
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,7 @@ class GitHubApp:
         self._installations: dict[str, int] = {}
         self._slug: str | None = None
         self._source_tokens: dict[tuple[int, str], tuple[str, float]] = {}
+        self.meter: Meter = _no_meter  # replace to count calls (the events worker: in Redis)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, retry: AppRetry | None = None) -> GitHubApp:
@@ -138,7 +140,7 @@ class GitHubApp:
         return self._clients[installation_id]
 
     def repo(self, installation_id: int, full_name: str) -> RepoClient:
-        return RepoClient(self.client(installation_id), full_name)
+        return RepoClient(self.client(installation_id), full_name, self.meter)
 
     def source_token(self, installation_id: int, repo_name: str) -> str:
         """An installation token for one repository with `contents: read` only: what a GPU
@@ -153,6 +155,7 @@ class GitHubApp:
             f"/app/installations/{installation_id}/access_tokens",
             input={"repositories": [name], "permissions": SOURCE_PERMISSIONS},
         )
+        self.meter("POST", "2xx", -1)
         token = str(data["token"])
         expires = epoch(data.get("expires_at")) or time.time() + 3600
         self._source_tokens[(installation_id, name)] = (token, expires)
@@ -169,17 +172,35 @@ def _read_key(path: Path) -> str:
     return pem
 
 
+# Told of every REST call: (method, "2xx", an HTTP error status or "none" for no answer,
+# the rate-limit budget GitHub last reported or -1).
+Meter = Callable[[str, str, int], None]
+
+
+def _no_meter(method: str, status: str, remaining: int) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class RepoClient:
     """The REST calls the events worker makes on one repository, as plain JSON."""
 
     gh: Github
     full_name: str
+    meter: Meter = _no_meter
 
     def _call(self, method: str, path: str, **kw: Any) -> Any:
-        _, data = self.gh.requester.requestJsonAndCheck(
-            method, f"/repos/{self.full_name}{path}", **kw
-        )
+        status = "none"
+        try:
+            _, data = self.gh.requester.requestJsonAndCheck(
+                method, f"/repos/{self.full_name}{path}", **kw
+            )
+            status = "2xx"
+        except GithubException as exc:
+            status = str(exc.status)
+            raise
+        finally:
+            self.meter(method, status, self.gh.requester.rate_limiting[0])
         return data
 
     def default_head(self) -> tuple[str, str]:

@@ -153,3 +153,15 @@ def webhook_counts() -> str:
     """Hash "event:outcome" -> deliveries answered so (outcomes in bot/webhooks.py; never
     expires). The event is "-" for a rejected delivery: unverified headers make no fields."""
     return f"{PREFIX}:webhook-counts"
+
+
+def github_calls() -> str:
+    """Hash "METHOD:status" -> REST calls made (status 0: no answer), plus "remaining": the
+    rate-limit budget GitHub last reported."""
+    return f"{PREFIX}:github-calls"
+
+
+def leases_lost() -> str:
+    """Hash cause -> GPU leases lost ("heartbeat": under a running batch, "before_start":
+    between assignment and start, "host_lost": with a host whose heartbeat stopped)."""
+    return f"{PREFIX}:leases-lost"

@@ -148,6 +148,35 @@ def host_families(hosts: Sequence[dashboard.HostView]) -> list[Family]:
     return [gpus, up, age]
 
 
+def github_families(conn: Redis) -> list[Family]:
+    """REST calls the events worker made, by method and status; the rate-limit budget left."""
+    calls = Family(
+        "gpuci_github_calls_total", "counter", "GitHub REST calls by method and HTTP status."
+    )
+    remaining = Family(
+        "gpuci_github_rate_limit_remaining", "gauge", "Requests left in GitHub's rate-limit window."
+    )
+    for raw_field, raw_count in sorted(conn.hgetall(keys.github_calls()).items()):
+        name = _text(raw_field)
+        if name == "remaining":
+            remaining.add(int(raw_count))
+            continue
+        method, _, status = name.partition(":")
+        calls.add(int(raw_count), method=method, status=status)
+    return [calls, remaining]
+
+
+def leases_lost_family(conn: Redis) -> Family:
+    family = Family(
+        "gpuci_leases_lost_total",
+        "counter",
+        "GPU leases lost (heartbeat: under a running batch; before_start; host_lost).",
+    )
+    for raw_field, raw_count in sorted(conn.hgetall(keys.leases_lost()).items()):
+        family.add(int(raw_count), cause=_text(raw_field))
+    return family
+
+
 def scheduler_family(conn: Redis, now: float) -> Family:
     alive, _ = dashboard.scheduler_heartbeat(conn, now)
     return Family("gpuci_scheduler_up", "gauge", "1 while the scheduler heartbeats.").add(
@@ -163,6 +192,8 @@ def collect(conn: Redis, now: float) -> list[Family]:
         *run_families(conn),
         *host_families(hosts),
         scheduler_family(conn, now),
+        *github_families(conn),
+        leases_lost_family(conn),
     ]
 
 

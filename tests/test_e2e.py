@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import requests
 from redis import Redis
 from rq import Queue
 
@@ -99,6 +100,10 @@ def test_trusted_pr_runs_layer_2_and_reports_pytest_counts(loop: Stack) -> None:
     failed = {(a["path"], a["annotation_level"]) for a in annotations}
     assert ("tests/test_dist.py", "failure") in failed
     assert any("gradient" in a["title"] + a["message"] for a in annotations)
+    # the web process's /metrics counts the events worker's GitHub calls and its budget
+    metrics = requests.get(f"{loop.web_url}/metrics", timeout=10).text
+    assert 'gpuci_github_calls_total{method="POST",status="2xx"}' in metrics
+    assert "gpuci_github_rate_limit_remaining 4999" in metrics
     # every GPU is free again, and the runs are completed
     assert all(v is None for v in leases.holders(loop.redis, HOST, range(8)).values())
     assert {r.state for r in runs.runs_of_pr(loop.redis, "acme/sample", pr["number"])} == {
@@ -253,3 +258,4 @@ def test_a_batch_whose_gpu_lease_is_lost_is_stopped(
     assert stopped is not None
     assert stopped.conclusion == "cancelled"
     assert "lease" in stopped.title
+    assert loop.redis.hget(keys.leases_lost(), "heartbeat") == b"1"  # gpuci_leases_lost_total

@@ -124,6 +124,7 @@ def test_runs_of_a_lost_host_are_requeued_once_then_failed(
     assert tick(redis_conn).dispatched == [run.run_id]
     redis_conn.delete(keys.host_alive(HOST))
     assert tick(redis_conn).failed == {run.run_id: "worker lost on h1"}
+    assert redis_conn.hget(keys.leases_lost(), "host_lost") == b"2"
 
 
 def test_worker_requeues_when_a_gpu_got_busy_before_start(

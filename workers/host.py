@@ -159,6 +159,7 @@ def _execute(
         _wait_until_free(backend, ticket.gpu_indices, settings.kill_grace_s)
     if heartbeat.lost.is_set():  # the batch was stopped: its GPUs were no longer ours
         result.title = f"Stopped: {heartbeat.reason}"
+        count_lost_lease(conn, "heartbeat")
     _finish(conn, running, result)
     return f"run {run.run_id}: {result.conclusion.value} - {result.title}"
 
@@ -173,6 +174,7 @@ def _may_start(
         raise RunRefused(f"refused: commit {run.sha[:10]} is no longer trusted or approved")
     held = leases.holders(conn, settings.host, ticket.gpu_indices)
     if any(owner != ticket.lease_owner for owner in held.values()):
+        count_lost_lease(conn, "before_start")
         raise RunRefused(f"the lease on GPUs {list(ticket.gpu_indices)} was lost before start")
     if backend is not None:
         busy = [s for s in _states(settings, backend) if s.gpu.index in ticket.gpu_indices]
@@ -322,10 +324,17 @@ def _finish(conn: Redis, run: Run, result: BatchResult) -> None:
     report(conn, run.run_id)
 
 
+def count_lost_lease(conn: Redis, cause: str) -> None:
+    """For /metrics: a run lost its GPU leases (see keys.leases_lost)."""
+    conn.hincrby(keys.leases_lost(), cause, 1)
+
+
 def recover_lost_run(conn: Redis, run: Run, reason: str) -> str:
     """A run whose worker was lost: GPUs released, re-queued once, then failed with `reason`;
     "requeued" or "failed"."""
     leases.release(conn, run.host, run.gpus, run.lease_owner)
+    if run.gpus:
+        count_lost_lease(conn, "host_lost")
     outcome = "failed"
     if run.attempts < REQUEUE_LIMIT:
         moved = runs.transition(
