@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -133,7 +132,7 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     except GitHubAppError as exc:
         print(f"gpuci events: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
-    _log_to_stderr()
+    _log_to_stderr(settings)
     # SimpleWorker: jobs run in this process, so the GitHub clients and their installation
     # tokens (bot.events.context) are built once and reused, not once per forked job.
     queues = [EVENTS_QUEUE, REPORTS_QUEUE]
@@ -298,11 +297,10 @@ def _emit(
         args.markdown.write_text(markdown)
 
 
-def _log_to_stderr() -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    logging.getLogger("gpuci").addHandler(handler)
-    logging.getLogger("gpuci").setLevel(logging.INFO)
+def _log_to_stderr(settings: Settings) -> None:
+    from bot.logs import configure
+
+    configure(settings.log_format)
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -334,7 +332,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             f"gpuci worker: Redis at {settings.redis_url} is unreachable ({exc})", file=sys.stderr
         )
         return EXIT_UNUSABLE
-    _log_to_stderr()
+    _log_to_stderr(settings)
     print(f"gpuci worker: {host} ({backend.describe()}), {slots} slots, queue {host_queue(host)}")
     if lost:
         print(
@@ -366,7 +364,7 @@ def cmd_scheduler(args: argparse.Namespace, settings: Settings) -> int:
     def source_token(run: Run) -> str:
         return app.source_token(run.installation_id, run.repo.split("/", 1)[1])
 
-    _log_to_stderr()
+    _log_to_stderr(settings)
     conn = Redis.from_url(settings.redis_url)
     schedules = Schedules(conn, app)
     main_loop(conn, source_token, settings.github_api_url, lambda: False, schedules)

@@ -112,7 +112,10 @@ def report_run(run_id: str) -> str:
     check_id = run.check_run_id or _create_check(ctx.redis, gh, run)
     for body in updates:
         gh.update_check_run(check_id, body)
-    log.info("run %s: check run %s now %s", run_id, check_id, updates[0].get("status"))
+    log.info(
+        "run=%s repo=%s sha=%s check_run=%s status=%s reported",
+        run_id, run.repo, run.sha, check_id, updates[0].get("status"),
+    )  # fmt: skip
     return f"run {run_id}: {updates[0].get('conclusion') or updates[0].get('status')}"
 
 

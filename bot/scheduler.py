@@ -161,7 +161,12 @@ def _dispatch(
             token = source_token(run)
         except Exception as exc:
             leases.release(conn, assignment.host, indices, owner)
-            log.warning("run %s: no source token (%s); retrying next round", run.run_id, exc)
+            log.warning(
+                "run=%s repo=%s no source token (%s); retrying next round",
+                run.run_id,
+                run.repo,
+                exc,
+            )
             continue
         _send(conn, run, assignment.host, tuple(indices), owner, token, api_url, done)
 
@@ -204,7 +209,10 @@ def _send(
         result_ttl=3600,
     )
     done.dispatched.append(run.run_id)
-    log.info("run %s (batch %s) -> %s GPUs %s", run.run_id, run.batch, host, list(indices))
+    log.info(
+        "run=%s repo=%s sha=%s batch=%s host=%s gpus=%s dispatched",
+        run.run_id, run.repo, run.sha, run.batch, host, ",".join(map(str, indices)),
+    )  # fmt: skip
 
 
 def _publish_waits(conn: Redis, decided: Plan, done: TickReport) -> None:
@@ -222,7 +230,7 @@ def _fail(conn: Redis, run: Run, reason: str, done: TickReport) -> None:
     runs.finish_run(conn, run, conclusion="failure", title=reason)
     done.failed[run.run_id] = reason
     report(conn, run.run_id)
-    log.warning("run %s failed: %s", run.run_id, reason)
+    log.warning("run=%s repo=%s sha=%s failed: %s", run.run_id, run.repo, run.sha, reason)
 
 
 def drain_dead_hosts(conn: Redis, done: TickReport) -> None:
@@ -332,7 +340,9 @@ def _scheduled_run(
         created_at=fired_at,
     )
     report(conn, run.run_id)  # creates its Check Run on the default-branch commit
-    log.info("layer %s of %s: run %s (batch %s) at %s", layer, repo, run.run_id, batch, sha[:10])
+    log.info(
+        "run=%s repo=%s sha=%s batch=%s layer=%s scheduled", run.run_id, repo, sha, batch, layer
+    )
     return run.run_id
 
 

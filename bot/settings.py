@@ -56,6 +56,8 @@ class Settings:
     log_max_bytes: int = 5 * 1024 * 1024
     # Run test processes as this unprivileged user (empty: as the worker's own user).
     run_as: str = ""
+    # Log lines of the processes: "text" (key=value pairs) or "json" (one object a line).
+    log_format: str = "text"
     # Largest accepted webhook body, bytes (GitHub caps payloads at 25 MB).
     max_body_bytes: int = 25 * 1024 * 1024
 

@@ -210,7 +210,7 @@ def _requeue(conn: Redis, run: Run, reason: str) -> str:
             lease_owner="",
         )
     report(conn, run.run_id)
-    log.info("run %s not started: %s", run.run_id, reason)
+    log.info("run=%s repo=%s sha=%s not started: %s", run.run_id, run.repo, run.sha, reason)
     return f"run {run.run_id} not started: {reason}"
 
 
@@ -263,16 +263,16 @@ def _watch_cancel(
     GPU leases stops the batch."""
     while not cancel.wait(1.0):
         if lease_lost.is_set():
-            log.warning("run %s: GPU lease lost; stopping the batch", run_id)
+            log.warning("run=%s GPU lease lost; stopping the batch", run_id)
             cancel.set()
             return
         try:
             run = runs.get_run(conn, run_id)
         except Exception as exc:  # Redis restarting: keep running, look again
-            log.warning("run %s: cannot read its state: %s", run_id, exc)
+            log.warning("run=%s cannot read its state: %s", run_id, exc)
             continue
         if run is not None and run.state is RunState.CANCELLED:
-            log.info("run %s cancelled: %s", run_id, run.wait_reason)
+            log.info("run=%s cancelled: %s", run_id, run.wait_reason)
             cancel.set()
 
 
@@ -317,6 +317,10 @@ def _wait_until_free(backend: GpuBackend | None, indices: tuple[int, ...], grace
 def _finish(conn: Redis, run: Run, result: BatchResult) -> None:
     """Store the result and the JUnit XML, complete the run, and ask for the report."""
     store_result(conn, run.run_id, result)
+    log.info(
+        "run=%s repo=%s sha=%s batch=%s finished: %s - %s",
+        run.run_id, run.repo, run.sha, run.batch, result.conclusion.value, result.title,
+    )  # fmt: skip
     current = runs.get_run(conn, run.run_id) or run
     runs.finish_run(conn, current, conclusion=result.conclusion.value, title=result.title)
     if result.outcome.duration_s and not (result.outcome.cancelled or result.outcome.timed_out):
@@ -353,7 +357,7 @@ def recover_lost_run(conn: Redis, run: Run, reason: str) -> str:
     else:
         runs.finish_run(conn, run, conclusion="failure", title=reason)
     report(conn, run.run_id)
-    log.warning("run %s %s: %s", run.run_id, outcome, reason)
+    log.warning("run=%s repo=%s sha=%s %s: %s", run.run_id, run.repo, run.sha, outcome, reason)
     return outcome
 
 
