@@ -126,8 +126,8 @@ def junit(run_id: str) -> str:
 
 
 def reported(run_id: str) -> str:
-    """String: set once a run's final Check Run update was sent (annotations are appended by
-    GitHub, so the final report must go out exactly once)."""
+    """String: how many of a run's final Check Run updates GitHub has accepted (annotations
+    are appended by GitHub, so each final update must go out exactly once, retries included)."""
     return f"{PREFIX}:reported:{run_id}"
 
 

@@ -106,12 +106,15 @@ def report_run(run_id: str) -> str:
     if not updates:
         return f"run {run_id}: nothing to report ({run.state})"
     final = updates[0].get("status") == "completed"
-    if final and not ctx.redis.set(keys.reported(run_id), "completed", nx=True, ex=REPORTED_TTL_S):
+    sent = int(ctx.redis.get(keys.reported(run_id)) or 0) if final else 0
+    if sent >= len(updates):
         return f"run {run_id}: already reported as completed"
     gh = ctx.github.repo(run.installation_id, run.repo)
     check_id = run.check_run_id or _create_check(ctx.redis, gh, run)
-    for body in updates:
+    for number, body in enumerate(updates[sent:], start=sent + 1):
         gh.update_check_run(check_id, body)
+        if final:  # a retry after a failure sends only what GitHub has not got yet
+            ctx.redis.set(keys.reported(run_id), number, ex=REPORTED_TTL_S)
     log.info(
         "run=%s repo=%s sha=%s check_run=%s status=%s reported",
         run_id, run.repo, run.sha, check_id, updates[0].get("status"),
