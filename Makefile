@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit chaos bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,10 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --cov --cov-branch --cov-report=term --cov-report=xml $(ARGS)
+	$(BIN)/python -m pytest -n 2 -m "not chaos" --cov --cov-branch --cov-report=term --cov-report=xml $(ARGS)
+
+chaos: $(STAMP)
+	$(BIN)/python -m pytest -m chaos $(ARGS)
 
 test: lint typecheck unit
 

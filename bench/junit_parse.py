@@ -11,25 +11,40 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Each parser runs in a fresh process so that its peak RSS is its own.
-GPUCI = """
-import json, resource, sys, time
+# Each parser runs in a fresh process so that its peak RSS is its own: VmHWM, which exec
+# resets (ru_maxrss can carry the parent's peak over exec).
+PEAK = """
+def peak_kb():
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0])
+before = peak_kb()
+"""
+GPUCI = (
+    """
+import json, sys, time
 from pathlib import Path
 from workers.junit import parse_junit
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+"""
+    + PEAK
+    + """
 start = time.perf_counter()
 s = parse_junit([Path(sys.argv[1])])
 seconds = time.perf_counter() - start
 counts = [s.tests, s.passed, s.failed, s.errors, s.skipped + s.xfailed]
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+rss = peak_kb()
 print(json.dumps({"seconds": seconds, "rss_kb": rss, "before_kb": before, "counts": counts}))
 """
+)
 
-JUNITPARSER = """
-import json, resource, sys, time
+JUNITPARSER = (
+    """
+import json, sys, time
 from collections import Counter
+from pathlib import Path
 from junitparser import Error, Failure, JUnitXml, Skipped
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+"""
+    + PEAK
+    + """
 start = time.perf_counter()
 seen = Counter()
 for suite in JUnitXml.fromfile(sys.argv[1]):
@@ -42,9 +57,10 @@ for suite in JUnitXml.fromfile(sys.argv[1]):
         seen["skipped"] += Skipped in kinds
 seconds = time.perf_counter() - start
 counts = [seen[k] for k in ("tests", "passed", "failed", "errors", "skipped")]
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+rss = peak_kb()
 print(json.dumps({"seconds": seconds, "rss_kb": rss, "before_kb": before, "counts": counts}))
 """
+)
 
 
 def write_junit(path: Path, cases: int, traceback_lines: int) -> None:
@@ -90,18 +106,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cases", type=int, default=100_000)
     parser.add_argument("--traceback-lines", type=int, default=30)
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="fresh processes per parser; the best time counts"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "junit.xml"
         write_junit(path, args.cases, args.traceback_lines)
         size_mb = path.stat().st_size / 2**20
         print(f"{args.cases} testcases, {size_mb:.1f} MiB of JUnit XML")
-        results = {"gpuci parse_junit": measure(GPUCI, path)}
-        try:
-            results["junitparser"] = measure(JUNITPARSER, path)
-        except subprocess.CalledProcessError as exc:
-            print(f"junitparser not measured: {exc.stderr.strip().splitlines()[-1]}")
-    report(results)
+        runs: dict[str, list[dict[str, object]]] = {"gpuci parse_junit": [], "junitparser": []}
+        for _ in range(max(args.repeat, 1)):  # interleaved, so that a busy spell hits both
+            runs["gpuci parse_junit"].append(measure(GPUCI, path))
+            try:
+                runs["junitparser"].append(measure(JUNITPARSER, path))
+            except subprocess.CalledProcessError as exc:
+                print(f"junitparser not measured: {exc.stderr.strip().splitlines()[-1]}")
+                break
+    report({name: best(tries) for name, tries in runs.items() if tries})
+
+
+def best(tries: list[dict[str, object]]) -> dict[str, object]:
+    """The fastest try's figures, with the largest memory growth of all tries."""
+    fastest = dict(min(tries, key=lambda r: float(str(r["seconds"]))))
+    worst = max(tries, key=growth_mib)
+    fastest["rss_kb"], fastest["before_kb"] = worst["rss_kb"], worst["before_kb"]
+    fastest["all_seconds"] = ", ".join(
+        f"{s:.2f}" for s in sorted(float(str(r["seconds"])) for r in tries)
+    )
+    return fastest
 
 
 def growth_mib(result: dict[str, object]) -> float:
@@ -113,6 +146,7 @@ def report(results: dict[str, dict[str, object]]) -> None:
     for name, r in results.items():
         seconds, base = float(str(r["seconds"])), int(str(r["before_kb"])) / 1024
         print(f"{name:18} {seconds:6.2f} s  peak RSS +{growth_mib(r):6.1f} MiB over {base:.1f} MiB")
+        print(f"{'':18} all tries: {r['all_seconds']} s")
         print(f"{'':18} counts (tests passed failed errors skipped): {r['counts']}")
     if len(results) == 2:
         ours, theirs = results.values()

@@ -6,24 +6,31 @@ import ast
 import heapq
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
-from xml.parsers.expat import ExpatError, XMLParserType
-
-from defusedxml import DefusedXmlException
-from defusedxml.ElementTree import DefusedXMLParser
+from xml.parsers.expat import (
+    XML_PARAM_ENTITY_PARSING_NEVER,
+    ExpatError,
+    ParserCreate,
+    XMLParserType,
+)
 
 MAX_DEPTH = 32  # pytest writes 4 levels; anything much deeper is hostile
 MAX_SKIP_REASONS = 100  # distinct reasons kept; the rest are grouped under OTHER_REASONS
 OTHER_REASONS = "(other reasons)"
 SLOWEST_KEPT = 10
-_CHUNK = 1 << 16
+MAX_TOKEN = 8 << 20  # one tag, attribute or comment; expat buffers each whole, re-scanning
+_CHUNK = 1 << 20  # bytes read and fed to expat at a time
+_TEXT_BUFFER = 1 << 16  # character data handed over at a time
+_INF = float("inf")
+_NOT_BLANK = re.compile(rb"\S")  # what bytes.strip() keeps
 _ROOTS = ("testsuites", "testsuite")
-_RESULTS = ("failure", "error", "skipped")
-_RERUNS = ("rerunFailure", "rerunError", "flakyFailure", "flakyError")
+# a testcase's child elements gpuci reads: True for results, False for reruns
+_CHILDREN = dict.fromkeys(("failure", "error", "skipped"), True) | dict.fromkeys(
+    ("rerunFailure", "rerunError", "flakyFailure", "flakyError"), False
+)
 _COLLECTION = ("collection failure", "collection skipped", "internal error")
 _TB_LOCATION = re.compile(
     r'^\s*File "(?P<q>[^"\n]+\.py)", line (?P<ql>\d+)|^(?P<p>[^\s:][^:\n]*\.py):(?P<pl>\d+): ',
@@ -154,6 +161,8 @@ def failure_location(
 class _Capped:
     """Text kept within a budget: its head and its tail, where pytest puts the location."""
 
+    __slots__ = ("half", "head", "size", "tail")
+
     def __init__(self, limit: int) -> None:
         self.half = max(limit // 2, 1)
         self.head = ""
@@ -176,30 +185,17 @@ class _Capped:
         return f"{self.head}\n[... {omitted} characters omitted ...]\n{self.tail}"
 
 
-@dataclass
-class _Result:
-    tag: str
-    attrs: dict[str, str]
-    text: _Capped
+# a result element of a testcase: its tag, its attributes and its (capped) text
+_Result = tuple[str, dict[str, str], _Capped]
 
 
-@dataclass
-class _Case:
-    attrs: dict[str, str]
-    results: list[_Result] = field(default_factory=list)
-    reruns: int = 0
+def _case_id(attrs: dict[str, str]) -> str:
+    return node_id(attrs.get("classname", ""), attrs.get("name", ""), attrs.get("file"))
 
-    @cached_property
-    def id(self) -> str:
-        a = self.attrs
-        return node_id(a.get("classname", ""), a.get("name", ""), a.get("file"))
 
-    def line(self) -> int | None:
-        value = self.attrs.get("line", "")
-        return int(value) if value.isdigit() else None
-
-    def is_collection(self) -> bool:
-        return any(r.attrs.get("message") in _COLLECTION for r in self.results)
+def _case_key(attrs: dict[str, str]) -> int:
+    """Equal for the testcases of one test (its call and its teardown), cheaper than its id."""
+    return hash((attrs.get("classname"), attrs.get("name"), attrs.get("file")))
 
 
 # the kind of a JUnit result element -> the Summary counter it bumps
@@ -210,6 +206,7 @@ _JUNIT_COUNTERS = {
     "skipped": "skipped",
     "xfailed": "xfailed",
 }
+_FAILED = ("failure", "error", "teardown error")
 
 
 class _Tally:
@@ -230,27 +227,46 @@ class _Tally:
         self.s.slowest = [(tid, t) for t, tid in sorted(self.slow, reverse=True)]
         return self.s
 
-    def add_case(self, case: _Case) -> None:
-        kinds = [_kind(r) for r in case.results]
-        if self.counts_cases or case.is_collection():
-            self._count(case, kinds)
-        seconds = _float(case.attrs.get("time"))
-        self.case_time += seconds
-        self._time(case, seconds)
-        for result, kind in zip(case.results, kinds, strict=True):
-            if kind == "skipped":
-                self._skip_reason(skip_reason(result.attrs.get("message", ""), result.text.text()))
-            elif kind in ("failure", "error", "teardown error"):
-                self._failure(case, result, kind)
+    def slow_floor(self) -> float:
+        """What a testcase's seconds must exceed to be among the slowest kept."""
+        return self.slow[0][0] if len(self.slow) >= SLOWEST_KEPT else -1.0
 
-    def _count(self, case: _Case, kinds: list[str]) -> None:
+    def add_passes(self, passes: int, seconds: float) -> None:
+        """Testcases that passed without reruns (their slowest went through add_case)."""
+        self.case_time += seconds
+        if self.counts_cases:
+            self.s.tests += passes
+            self.s.passed += passes
+
+    def add_case(
+        self, attrs: dict[str, str], results: list[_Result], reruns: int, seconds: float
+    ) -> None:
+        """A testcase with results or reruns, or one of the slowest passes."""
+        if seconds > self.slow_floor():
+            self._time(attrs, seconds)
+        if not results and not reruns:
+            return  # counted by add_passes
+        self.case_time += seconds
+        kinds = [_kind(tag, a) for tag, a, _ in results]
+        if self.counts_cases or any(a.get("message") in _COLLECTION for _, a, _ in results):
+            self._count(attrs, kinds, reruns)
+        for (_, result, text), kind in zip(results, kinds, strict=True):
+            if kind == "skipped":
+                message = result.get("message", "")
+                self._skip_reason(
+                    skip_reason(message, text.text() if message == "collection skipped" else "")
+                )
+            elif kind in _FAILED:
+                self._failure(attrs, result, text, kind)
+
+    def _count(self, attrs: dict[str, str], kinds: list[str], reruns: int) -> None:
         """pytest 9 writes a failed call and its teardown error as two testcases of one test."""
         s = self.s
-        s.reruns += case.reruns
+        s.reruns += reruns
         if "failure" in kinds:
-            self.failed_calls.add(hash(case.id))
+            self.failed_calls.add(_case_key(attrs))
         teardown_only = kinds == ["teardown error"]
-        if not (teardown_only and hash(case.id) in self.failed_calls):
+        if not (teardown_only and _case_key(attrs) in self.failed_calls):
             s.tests += 1
             s.passed += not kinds or teardown_only  # the call passed, then teardown failed
         for kind in kinds:
@@ -263,39 +279,44 @@ class _Tally:
             reason = OTHER_REASONS
         reasons[reason] = reasons.get(reason, 0) + 1
 
-    def _failure(self, case: _Case, result: _Result, kind: str) -> None:
+    def _failure(
+        self, case: dict[str, str], result: dict[str, str], capped: _Capped, kind: str
+    ) -> None:
         if len(self.s.failures) >= self.max_failures:
             self.s.failures_dropped += 1
             return
-        text = result.text.text()
-        file, line = failure_location(text, case.attrs.get("file"), case.line())
-        message = result.attrs.get("message", "")[: self.max_text]
+        text = capped.text()
+        number = case.get("line", "")
+        file, line = failure_location(
+            text, case.get("file"), int(number) if number.isdigit() else None
+        )
+        message = result.get("message", "")[: self.max_text]
         kind = "failure" if kind == "failure" else "error"
-        self.s.failures.append(Failure(case.id, kind, message, text, file, line))
+        self.s.failures.append(Failure(_case_id(case), kind, message, text, file, line))
 
-    def _time(self, case: _Case, seconds: float) -> None:
-        if len(self.slow) >= SLOWEST_KEPT and seconds <= self.slow[0][0]:
-            return
+    def _time(self, attrs: dict[str, str], seconds: float) -> None:
+        """Called only when seconds may enter the top SLOWEST_KEPT."""
+        case_id = _case_id(attrs)
         for i, (t, other) in enumerate(self.slow):
-            if other == case.id:  # a test with two testcases: its longest
+            if other == case_id:  # a test with two testcases: its longest
                 self.slow[i] = (max(t, seconds), other)
                 heapq.heapify(self.slow)
                 return
         if len(self.slow) < SLOWEST_KEPT:
-            heapq.heappush(self.slow, (seconds, case.id))
+            heapq.heappush(self.slow, (seconds, case_id))
         else:
-            heapq.heapreplace(self.slow, (seconds, case.id))
+            heapq.heapreplace(self.slow, (seconds, case_id))
 
 
-def _kind(result: _Result) -> str:
-    message = result.attrs.get("message", "")
-    if result.tag == "skipped":
-        if result.attrs.get("type") == "pytest.xfail":
+def _kind(tag: str, attrs: dict[str, str]) -> str:
+    message = attrs.get("message", "")
+    if tag == "skipped":
+        if attrs.get("type") == "pytest.xfail":
             return "xfailed"
         return "failure" if message == "xfail-marked test passes unexpectedly" else "skipped"
-    if result.tag == "error" and message.startswith("failed on teardown"):
+    if tag == "error" and message.startswith("failed on teardown"):
         return "teardown error"
-    return result.tag
+    return tag
 
 
 def _float(value: str | None) -> float:
@@ -303,103 +324,144 @@ def _float(value: str | None) -> float:
         seconds = float(value or 0)
     except ValueError:
         return 0.0
-    return seconds if seconds >= 0 and seconds != float("inf") else 0.0
+    return seconds if 0.0 <= seconds < _INF else 0.0  # NaN fails both
 
 
-class _Target:
-    """Streaming target of the XML parser: one testcase in memory at a time."""
+class _Refused(Exception):
+    """A construct JUnit XML has no use for and an attacker has: DTDs, entities."""
 
-    def __init__(self, path: Path, tally: _Tally) -> None:
-        self.path = path
-        self.tally = tally
-        self.stack: list[str] = []
-        self.case: _Case | None = None
-        self.result: _Result | None = None
 
-    def start(self, tag: str, attrs: dict[str, str]) -> None:
-        self._check(tag)
-        self.stack.append(tag)
-        if tag == "testsuite" and "testsuite" not in self.stack[:-1]:
-            self.tally.suite_time += _float(attrs.get("time"))
-        elif tag == "testcase":
-            self.case = _Case(dict(attrs))
-        elif self.case is not None and len(self.stack) >= 2 and self.stack[-2] == "testcase":
-            self._start_result(tag, attrs)
+def _refuse_dtd(*_: object) -> None:
+    raise _Refused("a DTD (<!DOCTYPE>) is not allowed in JUnit XML")
 
-    def _check(self, tag: str) -> None:
-        if not self.stack and tag not in _ROOTS:
+
+def _refuse_entity(*_: object) -> None:
+    raise _Refused("entity declarations are not allowed in JUnit XML")
+
+
+def _refuse_external(*_: object) -> int:
+    raise _Refused("external references are not allowed in JUnit XML")
+
+
+def _parser(path: Path, tally: _Tally) -> tuple[XMLParserType, Callable[[], None]]:
+    """An expat parser feeding tally, and what to call once it is done.
+
+    One testcase in memory at a time; no DTD, entities or external references. The handlers
+    are closures over plain locals, as they run for every element of files with hundreds of
+    thousands of testcases: no stack (a depth and the depth of the open testcase suffice), no
+    object for a passing testcase unless it is among the slowest, and character data only
+    inside a testcase's failure, error or skipped element.
+    """
+    expat = ParserCreate()
+    expat.buffer_text = True
+    expat.buffer_size = _TEXT_BUFFER
+    expat.ordered_attributes = False
+    expat.StartDoctypeDeclHandler = _refuse_dtd
+    expat.EntityDeclHandler = _refuse_entity
+    expat.UnparsedEntityDeclHandler = _refuse_entity
+    expat.ExternalEntityRefHandler = _refuse_external
+    expat.SetParamEntityParsing(XML_PARAM_ENTITY_PARSING_NEVER)
+
+    max_text = tally.max_text
+    depth = 0  # elements open
+    suites = 0  # <testsuite> elements open
+    case_depth = -1  # the depth of the open testcase's children, -1 when none is open
+    case_attrs: dict[str, str] = {}
+    results: list[_Result] = []  # the open testcase's failure, error and skipped elements
+    reruns = 0
+    text: _Capped | None = None  # the open result element's text
+    passes = 0  # testcases passed without reruns, and their seconds: added to tally when done
+    pass_seconds = 0.0
+    slow_floor = tally.slow_floor()
+
+    def start(tag: str, attrs: dict[str, str]) -> None:
+        nonlocal depth, suites, case_depth, case_attrs, results, reruns, text
+        if depth == case_depth:  # a child of the open testcase
+            child = _CHILDREN.get(tag)
+            if child:
+                text = _Capped(max_text)
+                results.append((tag, attrs, text))
+                expat.CharacterDataHandler = text.add
+            elif child is not None:
+                reruns += 1
+        elif not depth and tag not in _ROOTS:
             raise JUnitError(
-                f"{self.path}: root element <{tag}> is not <testsuites> or <testsuite>:"
+                f"{path}: root element <{tag}> is not <testsuites> or <testsuite>:"
                 " not a JUnit XML file"
             )
-        if len(self.stack) >= MAX_DEPTH:
-            raise JUnitError(f"{self.path}: elements nested deeper than {MAX_DEPTH} levels")
+        elif tag == "testcase":
+            case_depth, case_attrs, reruns = depth + 1, attrs, 0
+            if results:
+                results = []
+        elif tag == "testsuite":
+            if not suites:
+                tally.suite_time += _float(attrs.get("time"))
+            suites += 1
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise JUnitError(f"{path}: elements nested deeper than {MAX_DEPTH} levels")
 
-    def _start_result(self, tag: str, attrs: dict[str, str]) -> None:
-        assert self.case is not None
-        if tag in _RESULTS:
-            self.result = _Result(tag, dict(attrs), _Capped(self.tally.max_text))
-            self.case.results.append(self.result)
-        elif tag in _RERUNS:
-            self.case.reruns += 1
+    def end(tag: str) -> None:
+        nonlocal depth, suites, case_depth, text, passes, pass_seconds, slow_floor
+        depth -= 1
+        if depth + 1 == case_depth:  # the testcase ends
+            case_depth = -1
+            try:
+                seconds = float(case_attrs["time"])
+            except (KeyError, ValueError):
+                seconds = 0.0
+            if not 0.0 <= seconds < _INF:  # NaN fails too
+                seconds = 0.0
+            if not results and not reruns:
+                passes += 1
+                pass_seconds += seconds
+                if seconds <= slow_floor:
+                    return
+            tally.add_case(case_attrs, results, reruns, seconds)
+            slow_floor = tally.slow_floor()
+        elif depth == case_depth and text is not None:  # a result element ends
+            text = None
+            expat.CharacterDataHandler = None
+        elif tag == "testsuite" and suites:
+            suites -= 1
 
-    def data(self, chunk: str) -> None:
-        if self.result is not None:
-            self.result.text.add(chunk)
+    def done() -> None:
+        tally.add_passes(passes, pass_seconds)
 
-    def end(self, tag: str) -> None:
-        self.stack.pop()
-        if tag == "testcase" and self.case is not None:
-            self.tally.add_case(self.case)
-            self.case = None
-        elif self.result is not None and tag == self.result.tag:
-            self.result = None
+    expat.StartElementHandler = start
+    expat.EndElementHandler = end
+    return expat, done
 
 
 def _parse_file(path: Path, tally: _Tally) -> None:
-    expat = _defused_expat(_Target(path, tally))
-    empty = True
+    expat, done = _parser(path, tally)
+    fed = 0
+    blank = True
     try:
-        for chunk in _chunks(path):
-            empty = empty and not chunk.strip()
-            expat.Parse(chunk, False)
-        if empty:
+        with path.open("rb", buffering=0) as stream:
+            buffer = bytearray(_CHUNK)
+            view = memoryview(buffer)
+            while size := stream.readinto(buffer):
+                blank = blank and not _NOT_BLANK.search(buffer, 0, size)
+                fed += size
+                expat.Parse(view[:size], False)
+                if fed - expat.CurrentByteIndex > MAX_TOKEN:
+                    raise JUnitError(
+                        f"{path}:{expat.CurrentLineNumber}: a tag, comment or attribute longer"
+                        f" than {MAX_TOKEN >> 20} MiB: not JUnit XML from pytest"
+                    )
+        if blank:
             raise JUnitError(f"{path}: file is empty (was pytest killed before writing it?)")
         expat.Parse(b"", True)
+        done()
+    except OSError as exc:
+        raise JUnitError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except ExpatError as exc:
         raise JUnitError(
             f"{path}:{exc.lineno}: not well-formed XML (truncated or corrupt): {exc}"
         ) from None
-    except DefusedXmlException as exc:
-        raise JUnitError(f"{path}:{expat.CurrentLineNumber}: refused: {_refusal(exc)}") from None
-
-
-def _defused_expat(target: _Target) -> XMLParserType:
-    """defusedxml's expat parser (no DTD, entities or external references), feeding target."""
-    expat = DefusedXMLParser(forbid_dtd=True).parser
-    expat.ordered_attributes = False
-    expat.StartElementHandler = target.start
-    expat.EndElementHandler = target.end
-    expat.CharacterDataHandler = target.data
-    return expat
-
-
-def _refusal(exc: DefusedXmlException) -> str:
-    names = {
-        "DTDForbidden": "a DTD (<!DOCTYPE>) is not allowed in JUnit XML",
-        "EntitiesForbidden": "entity declarations are not allowed in JUnit XML",
-        "ExternalReferenceForbidden": "external references are not allowed in JUnit XML",
-    }
-    return names.get(type(exc).__name__, str(exc))
-
-
-def _chunks(path: Path) -> Iterator[bytes]:
-    try:
-        with path.open("rb") as stream:
-            while chunk := stream.read(_CHUNK):
-                yield chunk
-    except OSError as exc:
-        raise JUnitError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except _Refused as exc:
+        raise JUnitError(f"{path}:{expat.CurrentLineNumber}: refused: {exc}") from None
 
 
 def _apply_report(path: Path, tally: _Tally) -> None:
