@@ -180,11 +180,7 @@ def test_push_supersedes_a_running_batch(loop: Stack) -> None:
     the process group dies, the GPUs are released, the old Check Run says superseded."""
     pr = loop.open_pr("maya", "slow-cpu", repo="acme/sample")
     loop.process()
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "bot.cli", "worker", "--host", HOST, "--slots", "4"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    worker = start_worker()
     try:
         wait_for(lambda: bool(loop.redis.exists(keys.host_alive(HOST))))
         assert len(schedule(loop).dispatched) == 3
@@ -220,6 +216,15 @@ def test_push_supersedes_a_running_batch(loop: Stack) -> None:
     assert new == dict.fromkeys(AUTO, RunState.PENDING)
 
 
+def start_worker() -> subprocess.Popen[bytes]:
+    """A real `gpuci worker` for the simulated host, with the environment the fixture set."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", "worker", "--host", HOST, "--slots", "4"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def state_of(stack: Stack, run_id: str) -> RunState | None:
     run = runs.get_run(stack.redis, run_id)
     return run.state if run else None
@@ -236,11 +241,7 @@ def test_a_batch_whose_gpu_lease_is_lost_is_stopped(
     monkeypatch.setenv("GPUCI_LEASE_TTL_S", "3")  # renewed every second
     pr = loop.open_pr("maya", "slow-gpu", repo="acme/sample")
     loop.process()
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "bot.cli", "worker", "--host", HOST, "--slots", "4"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    worker = start_worker()
     try:
         wait_for(lambda: bool(loop.redis.exists(keys.host_alive(HOST))))
         schedule(loop)

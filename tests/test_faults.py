@@ -9,12 +9,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from redis import Redis
 from rq import Queue, SimpleWorker
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
@@ -22,9 +20,16 @@ from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegis
 from bot import keys, runs
 from bot.runs import Run, RunState
 from bot.webhooks import EVENTS_QUEUE
-from tests.conftest import Stack, serve_stack
+from tests.conftest import Stack
 from tests.test_cli import SAMPLE_OUTCOMES
-from tests.test_e2e import E2E_WORLD, HOST, register_host, schedule, state_of, wait_for
+from tests.test_e2e import (  # noqa: F401  (loop is a fixture)
+    HOST,
+    loop,
+    register_host,
+    schedule,
+    state_of,
+    wait_for,
+)
 from workers import leases
 from workers.host import HOST_TTL_S, REPORTS_QUEUE, host_queue, load_result
 
@@ -33,17 +38,9 @@ CHECKS_PATH = "/repos/acme/sample/check-runs/*"
 
 
 @pytest.fixture
-def world(
-    redis_conn: Redis, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Stack]:
+def world(loop: Stack) -> Stack:  # noqa: F811  (the imported fixture)
     """The e2e world (tests/data/world-e2e.yml) on a simulated 8-GPU host, as in test_e2e."""
-    with serve_stack(E2E_WORLD, redis_conn, redis_url, tmp_path, monkeypatch) as found:
-        monkeypatch.setenv("GPUCI_HOST", HOST)
-        monkeypatch.setenv("GPUCI_GPU_BACKEND", "sim:8xH20-96GB")
-        monkeypatch.setenv("GPUCI_WORK_DIR", str(tmp_path / "runs"))
-        monkeypatch.setenv("GPUCI_IDLE_SAMPLE_INTERVAL_S", "0")
-        monkeypatch.setenv("GPUCI_KILL_GRACE_S", "1")
-        yield found
+    return loop
 
 
 # --- helpers ---------------------------------------------------------------------------------
