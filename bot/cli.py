@@ -101,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     fakehub.add_argument("--webhook-secret", help="secret to sign webhooks with")
     fakehub.set_defaults(handler=cmd_fakehub)
 
-    demo = sub.add_parser("demo", help="the sample repository's batches on simulated GPUs")
+    demo = sub.add_parser(
+        "demo", help="the whole system on this machine, playing a maintainer's day on GitHub"
+    )
     demo.add_argument("--once", action="store_true", help="exit at the end (no serving)")
     demo.set_defaults(handler=cmd_demo)
     return parser
