@@ -93,6 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler = sub.add_parser("scheduler", help="assign pending runs to GPU hosts (run one)")
     scheduler.set_defaults(handler=cmd_scheduler)
 
+    redeliver = sub.add_parser(
+        "redeliver", help="ask GitHub to send again the webhook deliveries gpuci missed"
+    )
+    redeliver.add_argument(
+        "--since",
+        type=float,
+        metavar="MINUTES",
+        help="look back this many minutes (default: since the last check, less 5 minutes)",
+    )
+    redeliver.set_defaults(handler=cmd_redeliver)
+
     fakehub = sub.add_parser("fakehub", help="the offline GitHub for development and tests")
     fakehub.add_argument("--world", type=Path, required=True, help="world file (YAML)")
     fakehub.add_argument("--bind", default="127.0.0.1")
@@ -354,6 +365,7 @@ def cmd_scheduler(args: argparse.Namespace, settings: Settings) -> int:
     from redis import Redis
 
     from bot.github_app import GitHubApp, GitHubAppError
+    from bot.redeliver import redeliver_failed, since_last_check
     from bot.runs import Run
     from bot.scheduler import Schedules, main_loop
 
@@ -369,7 +381,43 @@ def cmd_scheduler(args: argparse.Namespace, settings: Settings) -> int:
     _log_to_stderr(settings)
     conn = Redis.from_url(settings.redis_url)
     schedules = Schedules(conn, app)
-    main_loop(conn, source_token, settings.github_api_url, lambda: False, schedules)
+
+    def redeliver() -> list[str]:
+        return redeliver_failed(app, conn, since_last_check(conn))
+
+    main_loop(conn, source_token, settings.github_api_url, lambda: False, schedules, redeliver)
+    return EXIT_OK
+
+
+def cmd_redeliver(args: argparse.Namespace, settings: Settings) -> int:
+    import time
+
+    from github import GithubException
+    from redis import Redis
+    from redis.exceptions import RedisError
+
+    from bot.github_app import GitHubApp, GitHubAppError
+    from bot.redeliver import redeliver_failed, since_last_check
+
+    try:
+        app = GitHubApp.from_settings(settings)
+    except GitHubAppError as exc:
+        print(f"gpuci redeliver: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    conn = Redis.from_url(settings.redis_url, socket_timeout=5)
+    try:
+        since = time.time() - args.since * 60 if args.since is not None else since_last_check(conn)
+        redone = redeliver_failed(app, conn, since)
+    except RedisError as exc:
+        unreachable = f"Redis at {settings.redis_url} is unreachable ({exc})"
+        print(f"gpuci redeliver: {unreachable}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except GithubException as exc:
+        print(f"gpuci redeliver: GitHub answered {exc.status}: {exc.data}", file=sys.stderr)
+        return EXIT_FAILED
+    for guid in redone:
+        print(guid)
+    print(f"redelivered {len(redone)} deliveries", file=sys.stderr)
     return EXIT_OK
 
 

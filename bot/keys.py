@@ -165,3 +165,12 @@ def leases_lost() -> str:
     """Hash cause -> GPU leases lost ("heartbeat": under a running batch, "before_start":
     between assignment and start, "host_lost": with a host whose heartbeat stopped)."""
     return f"{PREFIX}:leases-lost"
+
+
+# --- missed webhooks (bot/redeliver.py) ------------------------------------------------------
+
+
+def redeliver_checked() -> str:
+    """String: epoch seconds of the last look at GitHub's failed webhook deliveries (the next
+    look starts there, less an overlap); never expires."""
+    return f"{PREFIX}:redeliver:checked"

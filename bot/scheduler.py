@@ -352,16 +352,26 @@ def main_loop(
     api_url: str,
     stop: Callable[[], bool],
     schedules: Schedules | None = None,
+    redeliver: Callable[[], list[str]] | None = None,
 ) -> None:
-    """Schedule every TICK_S seconds until `stop()`, firing layer schedules once a minute; a
-    failing round is logged, not fatal."""
+    """Schedule every TICK_S seconds until `stop()`, firing layer schedules and replaying
+    missed webhook deliveries (`redeliver`, see bot/redeliver.py) once a minute; a failing
+    round is logged, not fatal."""
     log.info("scheduler started (host heartbeat TTL %ss)", HOST_TTL_S)
-    last_minute = ""
+    last_minute = last_redeliver = ""
     while not stop():
         now = datetime.now(UTC)
         if schedules is not None and now.strftime("%H%M") != last_minute:
             last_minute = now.strftime("%H%M")
             schedules.fire(now)
+        if redeliver is not None and now.strftime("%H%M") != last_redeliver:
+            last_redeliver = now.strftime("%H%M")
+            try:
+                redone = redeliver()
+                if redone:
+                    log.info("asked GitHub to redeliver %s missed deliveries", len(redone))
+            except Exception:
+                log.exception("checking for missed webhook deliveries failed; next minute again")
         try:
             done = tick(conn, source_token, api_url)
             if done.dispatched or done.failed or done.requeued:

@@ -146,7 +146,9 @@ def redeliver(call: Call) -> Result:
     old = next((d for d in call.world.deliveries if d.id == call.params["delivery_id"]), None)
     if old is None:
         raise NotFound()
-    call.outbox.append(webhooks.record(call.world, old.event, old.payload, redelivery=True))
+    call.outbox.append(
+        webhooks.record(call.world, old.event, old.payload, redelivery=True, guid=old.guid)
+    )
     return 202, {}, {}
 
 

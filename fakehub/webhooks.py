@@ -100,11 +100,18 @@ def check_run_event(
     return complete("check_run", action, payload)
 
 
-def record(world: World, event: str, payload: dict[str, Any], redelivery: bool = False) -> Delivery:
-    """Record a delivery (callers hold the lock); `send` then POSTs it."""
+def record(
+    world: World,
+    event: str,
+    payload: dict[str, Any],
+    redelivery: bool = False,
+    guid: str | None = None,
+) -> Delivery:
+    """Record a delivery (callers hold the lock); `send` then POSTs it. A redelivery keeps the
+    original's `guid` (and so its `X-GitHub-Delivery` header), as on GitHub."""
     found = Delivery(
         id=world.next_id(),
-        guid=str(uuid.uuid4()),
+        guid=guid or str(uuid.uuid4()),
         event=event,
         action=payload.get("action"),
         payload=payload,

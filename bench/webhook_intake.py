@@ -1,0 +1,538 @@
+"""Benchmark: webhook intake, gpuci's production server against a minimal Probot app.
+
+Both servers get the same signed real `pull_request` "opened" delivery (about 21 KB) from wrk,
+each request with a fresh `X-GitHub-Delivery`, at 1 and 16 connections. gpuci runs as in the
+Procfile (gunicorn, 2 sync workers) against Redis database 6 (flushed at start, between runs
+and at exit); afterwards the jobs on its events queue are counted against its 202 answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import re
+import resource
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from redis import Redis
+from rq import Queue
+
+from bot import keys
+from bot.webhooks import EVENTS_QUEUE
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = Path("/work/shared/github/webhook-examples.json")
+PROBOT_DIR = ROOT / "bench" / "probot"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/6"
+EVENT = "pull_request"
+
+# wrk script: the same body and signature on every request (the signature covers only the
+# body), a fresh random UUID as X-GitHub-Delivery each time; counts answers by status and
+# prints one JSON line at the end. Arguments: body file, signature, event, seed.
+WRK_LUA = r"""
+local body, sig, event
+local threads = {}
+local hex = "0123456789abcdef"
+s200, s202, sother = 0, 0, 0
+
+function setup(thread)
+  table.insert(threads, thread)
+  thread:set("tid", #threads)
+end
+
+function init(args)
+  local f = assert(io.open(args[1], "rb"))
+  body = f:read("*a")
+  f:close()
+  sig, event = args[2], args[3]
+  math.randomseed(tonumber(args[4]) + tid * 7919)
+end
+
+local function uuid4()
+  local t = {}
+  for i = 1, 32 do
+    local r = math.random(1, 16)
+    t[i] = hex:sub(r, r)
+  end
+  t[13] = "4"
+  local v = math.random(9, 12)
+  t[17] = hex:sub(v, v)
+  local s = table.concat(t)
+  return s:sub(1, 8) .. "-" .. s:sub(9, 12) .. "-" .. s:sub(13, 16) .. "-" ..
+    s:sub(17, 20) .. "-" .. s:sub(21, 32)
+end
+
+function request()
+  return wrk.format("POST", nil, {
+    ["Content-Type"] = "application/json",
+    ["User-Agent"] = "GitHub-Hookshot/bench",
+    ["X-GitHub-Event"] = event,
+    ["X-GitHub-Delivery"] = uuid4(),
+    ["X-Hub-Signature-256"] = sig,
+  }, body)
+end
+
+function response(status, headers, body)
+  if status == 202 then s202 = s202 + 1
+  elseif status == 200 then s200 = s200 + 1
+  else sother = sother + 1 end
+end
+
+function done(summary, latency, requests)
+  local c200, c202, cother = 0, 0, 0
+  for _, t in ipairs(threads) do
+    c200 = c200 + t:get("s200")
+    c202 = c202 + t:get("s202")
+    cother = cother + t:get("sother")
+  end
+  local e = summary.errors
+  io.write(string.format(
+    'WRKJSON {"requests":%d,"duration_us":%d,"p50_us":%d,"p90_us":%d,"p99_us":%d,' ..
+    '"max_us":%d,"s200":%d,"s202":%d,"sother":%d,"connect":%d,"read":%d,"write":%d,' ..
+    '"timeout":%d}\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(90),
+    latency:percentile(99), latency.max, c200, c202, cother, e.connect, e.read, e.write,
+    e.timeout))
+end
+"""
+
+
+@dataclass(frozen=True)
+class Result:
+    server: str
+    connections: int
+    requests: int
+    seconds: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+    accepted: int  # 202 (gpuci) or 200 (Probot)
+    other: int  # other statuses
+    socket_errors: int
+    check: str  # what was verified after the run
+    cpu: str  # server / wrk / Redis CPU during the run, percent of one core
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+
+class Processes:
+    """Every process the bench starts, each in its own session; all killed on exit."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, cmd: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen:
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        # Workers or children left in the group (the leader already gone) go too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in list(self.procs):
+            self.stop(proc)
+
+
+def payload_body(path: Path) -> bytes:
+    """The real `pull_request` "opened" example, compact (about 21 KB), with the
+    `installation` object that every GitHub App delivery carries."""
+    examples = json.loads(path.read_text())
+    pr = next(e for e in examples if e["name"] == "pull_request")
+    opened = next(x for x in pr["examples"] if x.get("action") == "opened")
+    opened = {
+        **opened,
+        "installation": {"id": 2, "node_id": "MDIzOkludGVncmF0aW9uSW5zdGFsbGF0aW9uMg=="},
+    }
+    return json.dumps(opened, separators=(",", ":")).encode()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def throwaway_private_key() -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    ).decode()
+
+
+def post(url: str, body: bytes, signature: str) -> int:
+    req = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "X-GitHub-Event": EVENT,
+            "X-GitHub-Delivery": str(uuid.uuid4()),
+            "X-Hub-Signature-256": signature,
+        },
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def wait_ready(proc: subprocess.Popen, url: str, body: bytes, signature: str, log: Path) -> None:
+    """Until one signed delivery is accepted (200 or 202); the server's log if it dies."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"server exited ({proc.returncode}) before it was ready:\n{log.read_text()}")
+        with contextlib.suppress(OSError):
+            status = post(url, body, signature)
+            if status in (200, 202):
+                return
+            sys.exit(f"{url} answered {status} to a signed delivery:\n{log.read_text()}")
+        time.sleep(0.2)
+    sys.exit(f"{url} not ready after 60 s:\n{log.read_text()}")
+
+
+def wrk(
+    url: str, connections: int, duration_s: int, threads: int, lua: Path, body_file: Path, sig: str
+) -> dict[str, int]:
+    cmd = [
+        "wrk",
+        f"-t{min(threads, connections)}",
+        f"-c{connections}",
+        f"-d{duration_s}s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(lua),
+        url,
+        "--",
+        str(body_file),
+        sig,
+        EVENT,
+        str(secrets.randbelow(2**31)),
+    ]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    match = re.search(r"^WRKJSON (\{.*\})$", out, re.M)
+    if not match:
+        sys.exit(f"wrk printed no result:\n{out}")
+    raw = json.loads(match.group(1))
+    raw["wrk_cpu"] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return raw
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds used so far by the live processes of a process group (a server)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def redis_cpu_s(conn: Redis) -> float:
+    info = conn.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def measured(
+    args: argparse.Namespace,
+    url: str,
+    connections: int,
+    pgid: int,
+    sig: str,
+    files: tuple[Path, Path],
+) -> dict[str, float]:
+    """One wrk run, with the CPU that the server, wrk and Redis used during it."""
+    conn = Redis.from_url(args.redis_url)
+    server0, redis0 = group_cpu_s(pgid), redis_cpu_s(conn)
+    raw = wrk(url, connections, args.duration, args.wrk_threads, files[0], files[1], sig)
+    raw["server_cpu"] = group_cpu_s(pgid) - server0
+    raw["redis_cpu"] = redis_cpu_s(conn) - redis0
+    return raw
+
+
+def to_result(
+    server: str, connections: int, raw: dict[str, float], accepted: int, check: str
+) -> Result:
+    seconds = raw["duration_us"] / 1e6
+    cpu = " / ".join(
+        f"{raw[k] / seconds * 100:.0f}%" for k in ("server_cpu", "wrk_cpu", "redis_cpu")
+    )
+    return Result(
+        server=server,
+        connections=connections,
+        requests=raw["requests"],
+        seconds=raw["duration_us"] / 1e6,
+        p50_ms=raw["p50_us"] / 1e3,
+        p90_ms=raw["p90_us"] / 1e3,
+        p99_ms=raw["p99_us"] / 1e3,
+        max_ms=raw["max_us"] / 1e3,
+        accepted=accepted,
+        other=raw["requests"] - accepted,
+        socket_errors=raw["connect"] + raw["read"] + raw["write"] + raw["timeout"],
+        check=check,
+        cpu=cpu,
+    )
+
+
+def settle(conn: Redis, queue: Queue) -> int:
+    """The events queue's length once it stops growing (requests in flight at wrk's stop)."""
+    last, stable_since = -1, time.monotonic()
+    while time.monotonic() - stable_since < 0.5:
+        n = queue.count
+        if n != last:
+            last, stable_since = n, time.monotonic()
+        time.sleep(0.05)
+    return last
+
+
+def bench_gpuci(
+    args: argparse.Namespace, procs: Processes, tmp: Path, body: bytes, lua: Path, body_file: Path
+) -> list[Result]:
+    secret = secrets.token_hex(20)
+    sig = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    conn = Redis.from_url(args.redis_url)
+    queue = Queue(EVENTS_QUEUE, connection=conn)
+    conn.flushdb()
+    port = free_port()
+    env = {
+        **os.environ,
+        "GPUCI_WEBHOOK_SECRET": secret,
+        "REDIS_URL": args.redis_url,
+        "PYTHONUNBUFFERED": "1",
+    }
+    gunicorn = str(Path(sys.executable).parent / "gunicorn")
+    cmd = [gunicorn, "--bind", f"127.0.0.1:{port}", "--workers", str(args.workers)]
+    cmd += ["--worker-class", args.worker_class]
+    if args.worker_class == "gthread":
+        cmd += ["--threads", str(args.threads)]
+    cmd.append("app:create_app()")
+    log = tmp / "gunicorn.log"
+    proc = procs.start(cmd, env, log, ROOT)
+    url = f"http://127.0.0.1:{port}/webhook"
+    wait_ready(proc, url, body, sig, log)
+    wrk(url, 16, args.warmup, args.wrk_threads, lua, body_file, sig)
+    results = []
+    for connections in args.connections:
+        settle(conn, queue)
+        conn.flushdb()
+        raw = measured(args, url, connections, proc.pid, sig, (lua, body_file))
+        jobs = settle(conn, queue)
+        counts = {k.decode(): int(v) for k, v in conn.hgetall(keys.webhook_counts()).items()}
+        queued = counts.get(f"{EVENT}:queued", 0)
+        dupes = counts.get(f"{EVENT}:duplicate", 0)
+        extra = jobs - raw["s202"]
+        ok = raw["sother"] == 0 and dupes == 0 and jobs == queued and 0 <= extra <= connections
+        hint = "" if ok else " (is another client using or flushing this database?)"
+        check = (
+            f"{'OK' if ok else 'MISMATCH'}{hint}: {jobs} jobs on {EVENTS_QUEUE}, "
+            f"{raw['s202']} 202s seen by wrk (+{extra} answered after wrk stopped), "
+            f"{queued} counted queued, {dupes} duplicates"
+        )
+        results.append(to_result("gpuci", connections, raw, raw["s202"], check))
+    procs.stop(proc)
+    conn.flushdb()
+    return results
+
+
+def bench_probot(
+    args: argparse.Namespace, procs: Processes, tmp: Path, body: bytes, lua: Path, body_file: Path
+) -> list[Result]:
+    secret = secrets.token_hex(20)
+    sig = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    port = free_port()
+    env = {
+        **os.environ,
+        "APP_ID": "1",
+        "PRIVATE_KEY": throwaway_private_key(),
+        "WEBHOOK_SECRET": secret,
+        "PORT": str(port),
+        "HOST": "127.0.0.1",
+        "LOG_LEVEL": "warn",  # gpuci's INFO lines go nowhere under gunicorn either
+        "NODE_ENV": "production",
+    }
+    log = tmp / "probot.log"
+    proc = procs.start([args.probot_bin, "run", "./index.js"], env, log, PROBOT_DIR)
+    url = f"http://127.0.0.1:{port}/api/github/webhooks"
+    wait_ready(proc, url, body, sig, log)
+    wrk(url, 16, args.warmup, args.wrk_threads, lua, body_file, sig)
+    results = []
+    for connections in args.connections:
+        raw = measured(args, url, connections, proc.pid, sig, (lua, body_file))
+        check = f"{raw['s200']} 200s, {raw['sother']} other statuses"
+        results.append(to_result("Probot", connections, raw, raw["s200"], check))
+    procs.stop(proc)
+    handled = re.search(r"probot-bench counts (\{.*\})", log.read_text())
+    if handled:
+        total = sum(json.loads(handled.group(1)).values())
+        print(f"Probot handlers counted {total} deliveries (readiness + warm-up + runs)")
+    return results
+
+
+def print_table(results: list[Result]) -> None:
+    print()
+    print(
+        "| server | connections | requests | req/s | p50 | p90 | p99 | max | non-2xx "
+        "| socket errors | CPU server / wrk / Redis |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {r.server} | {r.connections} | {r.requests} | {r.rps:.0f} | {r.p50_ms:.1f} ms "
+            f"| {r.p90_ms:.1f} ms | {r.p99_ms:.1f} ms | {r.max_ms:.1f} ms | {r.other} "
+            f"| {r.socket_errors} | {r.cpu} |"
+        )
+    print()
+    for r in results:
+        print(f"{r.server} c={r.connections}: {r.check}")
+    by = {(r.server, r.connections): r for r in results}
+    print()
+    for c in sorted({r.connections for r in results}):
+        g, p = by.get(("gpuci", c)), by.get(("Probot", c))
+        if g and p:
+            print(
+                f"c={c}: gpuci / Probot throughput {g.rps / p.rps:.2f}; "
+                f"gpuci p99 {g.p99_ms:.1f} ms, Probot p99 {p.p99_ms:.1f} ms"
+            )
+    g16, p16 = by.get(("gpuci", 16)), by.get(("Probot", 16))
+    if g16 and p16:
+        print(
+            f"targets at 16 connections: throughput >= Probot's: "
+            f"{'met' if g16.rps >= p16.rps else 'NOT met'} ({g16.rps / p16.rps:.2f}x); "
+            f"p99 < 25 ms: {'met' if g16.p99_ms < 25 else 'NOT met'} ({g16.p99_ms:.1f} ms)"
+        )
+
+
+def default_probot_bin() -> str:
+    for candidate in (
+        os.environ.get("PROBOT_BIN", ""),
+        str(PROBOT_DIR / "node_modules" / ".bin" / "probot"),
+        "/tmp/gpuci-probot/node_modules/.bin/probot",
+    ):
+        if candidate and Path(candidate).exists():
+            return candidate
+    return ""
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGINT (also when inherited as ignored) and SIGTERM end the bench through the
+    `finally` that stops the servers; wrk, run by `subprocess.run`, is killed by it."""
+
+    def raise_interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run (10)")
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="seconds of unmeasured load first (2)"
+    )
+    parser.add_argument("--connections", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--wrk-threads", type=int, default=1, help="wrk threads (1: 2 cores)")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (Procfile: 2)")
+    parser.add_argument("--worker-class", default="sync", help="gunicorn worker class (sync)")
+    parser.add_argument("--threads", type=int, default=4, help="threads per gthread worker")
+    parser.add_argument("--redis-url", default=DEFAULT_REDIS, help="flushed! (database 6)")
+    parser.add_argument("--probot-bin", default=default_probot_bin(), help="probot executable")
+    parser.add_argument("--examples", type=Path, default=EXAMPLES, help="webhook examples JSON")
+    parser.add_argument("--only", choices=["gpuci", "probot"], help="run one server only")
+    args = parser.parse_args()
+    if not shutil.which("wrk"):
+        sys.exit("wrk not found (apt-get install -y wrk)")
+    if args.only != "gpuci" and not args.probot_bin:
+        sys.exit(
+            "probot not found: npm install --prefix /tmp/gpuci-probot probot@13 "
+            "(or set PROBOT_BIN / --probot-bin); never install into the repository"
+        )
+    body = payload_body(args.examples)
+    print(
+        f"payload: {EVENT} opened, {len(body)} bytes; "
+        f"wrk -t{args.wrk_threads}, {args.duration} s per run"
+    )
+    print(
+        f"gpuci: gunicorn --workers {args.workers} --worker-class {args.worker_class} "
+        f"'app:create_app()', Redis {args.redis_url}; Probot: {args.probot_bin} run ./index.js"
+    )
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"load average before the bench: {load} on {os.cpu_count()} CPUs (want it near 0)")
+    procs = Processes()
+    with tempfile.TemporaryDirectory(prefix="gpuci-webhook-bench-") as tmpdir, interruptible():
+        tmp = Path(tmpdir)
+        body_file, lua = tmp / "body.json", tmp / "signed.lua"
+        body_file.write_bytes(body)
+        lua.write_text(WRK_LUA)
+        results: list[Result] = []
+        try:
+            if args.only != "probot":
+                results += bench_gpuci(args, procs, tmp, body, lua, body_file)
+            if args.only != "gpuci":
+                results += bench_probot(args, procs, tmp, body, lua, body_file)
+        except KeyboardInterrupt:
+            print("interrupted; stopping servers", file=sys.stderr)
+        finally:
+            procs.stop_all()
+            if args.only != "probot":
+                with contextlib.suppress(Exception):
+                    Redis.from_url(args.redis_url).flushdb()
+        print_table(results)
+
+
+if __name__ == "__main__":
+    main()

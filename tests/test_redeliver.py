@@ -1,0 +1,274 @@
+"""Missed webhooks: deliveries answered 503 while Redis was down are replayed through GitHub's
+deliveries API (`bot/redeliver.py`), once, and then handled as if nothing had happened."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis import Redis
+from rq import Queue
+
+from bot import cli, keys, runs
+from bot.github_app import GitHubApp
+from bot.redeliver import deliveries_to_redeliver, redeliver_failed, since_last_check
+from bot.redis_local import answers, free_port
+from bot.timestamps import iso
+from bot.webhooks import EVENTS_QUEUE
+from tests.conftest import EVENTS_SECRET, EVENTS_WORLD, Stack
+
+T0 = 1_700_000_000.0
+OK = ("OK", 202)
+DOWN = ("Invalid HTTP Response: 503", 503)
+REFUSED = ("failed to connect: [Errno 111] Connection refused", 0)
+BAD_SIGNATURE = ("Invalid HTTP Response: 401", 401)
+
+
+def delivery(
+    id_: int, guid: str, at: float, outcome: tuple[str, int], redelivery: bool = False
+) -> dict[str, Any]:
+    status, code = outcome
+    return {
+        "id": id_,
+        "guid": guid,
+        "delivered_at": iso(at),
+        "redelivery": redelivery,
+        "status": status,
+        "status_code": code,
+        "event": "pull_request",
+        "action": "opened",
+    }
+
+
+SELECTION = [
+    pytest.param([delivery(1, "a", T0, DOWN)], set(), ["a"], id="503 is redelivered"),
+    pytest.param([delivery(1, "a", T0, REFUSED)], set(), ["a"], id="no answer is redelivered"),
+    pytest.param([delivery(1, "a", T0, OK)], set(), [], id="OK is not"),
+    pytest.param([delivery(1, "a", T0, BAD_SIGNATURE)], set(), [], id="4xx would fail again"),
+    pytest.param([delivery(1, "a", T0 - 10, DOWN)], set(), [], id="before since"),
+    pytest.param([delivery(1, "a", T0, DOWN)], {"a"}, [], id="guid seen by the web process"),
+    pytest.param(
+        [delivery(2, "a", T0 + 5, OK, redelivery=True), delivery(1, "a", T0, DOWN)],
+        set(),
+        [],
+        id="redelivered OK later",
+    ),
+    pytest.param(
+        [delivery(2, "a", T0 + 5, DOWN, redelivery=True), delivery(1, "a", T0, DOWN)],
+        set(),
+        [2],
+        id="redelivery failed too: once, its newest attempt",
+    ),
+    pytest.param(
+        [delivery(2, "a", T0 + 5, DOWN, redelivery=True), delivery(1, "a", T0 - 60, DOWN)],
+        set(),
+        [2],
+        id="old failure retried within since",
+    ),
+    pytest.param(
+        [delivery(3, "c", T0 + 2, DOWN), delivery(2, "b", T0 + 1, OK), delivery(1, "a", T0, DOWN)],
+        set(),
+        ["a", "c"],
+        id="oldest first, others untouched",
+    ),
+    pytest.param([{**delivery(1, "", T0, DOWN)}], set(), [], id="no guid"),
+]
+
+
+@pytest.mark.parametrize(("deliveries", "seen", "expected"), SELECTION)
+def test_deliveries_to_redeliver(
+    deliveries: list[dict[str, Any]], seen: set[str], expected: list[Any]
+) -> None:
+    chosen = deliveries_to_redeliver(deliveries, seen, T0)
+    if expected and isinstance(expected[0], int):
+        assert [d["id"] for d in chosen] == expected
+    else:
+        assert [d["guid"] for d in chosen] == expected
+
+
+def test_timestamps_have_whole_seconds() -> None:
+    """GitHub's `delivered_at` drops the fraction: a delivery in the second `since` falls in
+    counts."""
+    assert deliveries_to_redeliver([delivery(1, "a", T0, DOWN)], set(), T0 + 0.5) != []
+    assert deliveries_to_redeliver([delivery(1, "a", T0, DOWN)], set(), T0 + 1) == []
+
+
+def test_since_last_check(redis_conn: Redis) -> None:
+    assert since_last_check(redis_conn, now=T0) == T0 - 3600
+    redis_conn.set(keys.redeliver_checked(), str(T0 - 60))
+    assert since_last_check(redis_conn, now=T0) == T0 - 60 - 300
+    redis_conn.set(keys.redeliver_checked(), str(T0 - 10 * 24 * 3600))
+    assert since_last_check(redis_conn, now=T0) == T0 - 3 * 24 * 3600
+
+
+# --- end to end: Redis restarts while a PR is opened -----------------------------------------
+
+
+class PrivateRedis:
+    """A redis-server of the test's own on a fixed port, without persistence."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port, self.workdir = free_port(), workdir
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary is not None
+        options = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), *options, "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not answers(self.url):
+            assert self.proc.poll() is None and time.monotonic() < deadline, "no redis-server"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(Exception):
+            Redis.from_url(self.url).shutdown(nosave=True)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        self.proc = None
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not installed")
+    server = PrivateRedis(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def stack_on(
+    server: PrivateRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Stack, GitHubApp]]:
+    """serve_stack's setup, with the web app and the workers on the private Redis."""
+    from werkzeug.serving import make_server
+
+    from app import create_app
+    from bot.settings import Settings
+    from fakehub.testing import running
+    from fakehub.world import load_world
+
+    world = load_world(EVENTS_WORLD)
+    pem = world.app.private_key_pem
+    assert pem is not None
+    key = tmp_path / "app.pem"
+    key.write_bytes(pem)
+    conn = Redis.from_url(server.url, socket_timeout=5, socket_connect_timeout=1)
+    web = create_app(Settings(webhook_secret=EVENTS_SECRET, redis_url=server.url), conn)
+    web_server = make_server("127.0.0.1", 0, web, threaded=True)
+    thread = threading.Thread(target=web_server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    web_url = f"http://127.0.0.1:{web_server.port}"
+    try:
+        with running(world, webhook_url=f"{web_url}/webhook", webhook_secret=EVENTS_SECRET) as hub:
+            for name, value in {
+                "REDIS_URL": server.url,
+                "GPUCI_APP_ID": str(world.app.id),
+                "GPUCI_PRIVATE_KEY_PATH": str(key),
+                "GPUCI_GITHUB_API_URL": hub.url,
+                "GPUCI_PUBLIC_URL": "https://gpuci.example.org",
+                "GPUCI_GITHUB_WRITE_INTERVAL_S": "0",
+            }.items():
+                monkeypatch.setenv(name, value)
+            app = GitHubApp(hub.url, world.app.id, pem.decode(), write_interval_s=0)
+            yield Stack(hub, web_url, conn), app
+    finally:
+        web_server.shutdown()
+        web_server.server_close()
+        thread.join(timeout=5)
+        conn.close()
+
+
+def test_a_pr_opened_while_redis_was_down_is_redelivered_once(
+    private_redis: PrivateRedis,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    since = time.time() - 60
+    with stack_on(private_redis, tmp_path, monkeypatch) as (stack, app):
+        private_redis.stop()
+        opened = stack.control(
+            "POST",
+            "pulls",
+            {"repo": "acme/gpu", "author": "alice", "head": {"ref": "feature", "repo": "acme/gpu"}},
+        )
+        missed, sha = opened["delivery"], opened["pull"]["head_sha"]
+        assert missed["status_code"] == 503, missed
+        recorded = {d["guid"]: d for d in stack.state()["deliveries"]}
+        assert recorded[missed["guid"]]["status_code"] == 503
+
+        private_redis.start()
+        assert redeliver_failed(app, stack.redis, since) == [missed["guid"]]
+        attempts = [d for d in stack.state()["deliveries"] if d["guid"] == missed["guid"]]
+        assert [(d["redelivery"], d["status_code"]) for d in attempts] == [
+            (False, 503),
+            (True, 202),
+        ]
+        assert stack.redis.exists(keys.delivery(missed["guid"]))
+        queue = Queue(EVENTS_QUEUE, connection=stack.redis)
+        assert queue.job_ids == [f"delivery-{missed['guid']}"]
+        assert stack.redis.get(keys.redeliver_checked()) is not None
+
+        stack.process()
+        checks = stack.checks(sha)
+        assert sorted(checks) == ["gpuci / batch 2", "gpuci / batch 5"]
+        assert {c["status"] for c in checks.values()} == {"queued"}
+        assert len(runs.pending_runs(stack.redis)) == 2
+
+        assert redeliver_failed(app, stack.redis, since) == []
+        assert len(stack.state()["deliveries"]) == len(recorded) + 1
+
+        assert cli.main(["redeliver", "--since", "5"]) == 0  # the CLI: nothing left to send
+        assert capsys.readouterr().err.strip().endswith("redelivered 0 deliveries")
+
+
+def test_the_scheduler_checks_once_a_minute_and_survives_failures(
+    redis_conn: Redis, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from bot import scheduler
+
+    monkeypatch.setattr(scheduler, "TICK_S", 0.0)
+    minutes = iter(["2026-01-01T10:00:05", "2026-01-01T10:00:40", "2026-01-01T10:01:00"] * 2)
+
+    class Clock(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Clock:
+            return cls.fromisoformat(next(minutes)).replace(tzinfo=UTC)
+
+    monkeypatch.setattr(scheduler, "datetime", Clock)
+    calls: list[int] = []
+
+    def broken() -> list[str]:
+        calls.append(1)
+        raise RuntimeError("GitHub is down")
+
+    rounds = iter(range(3))
+    scheduler.main_loop(
+        redis_conn, lambda run: "", "http://api", lambda: next(rounds, None) is None, None, broken
+    )
+    assert calls == [1, 1]  # rounds at 10:00:05, 10:00:40 and 10:01:00: two checks
+    assert "checking for missed webhook deliveries failed" in caplog.text
