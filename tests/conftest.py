@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -135,11 +134,9 @@ def serve_stack(
 ) -> Iterator[Stack]:
     """fakehub with `world_path` delivering to gpuci's web app on a real port; the environment
     the events, scheduler and worker processes read their settings from."""
-    from werkzeug.serving import make_server
-
     from app import create_app
     from bot.settings import Settings
-    from fakehub.testing import running
+    from fakehub.testing import running, serving
     from fakehub.world import load_world
 
     world = load_world(world_path)
@@ -147,11 +144,8 @@ def serve_stack(
     assert world.app.private_key_pem is not None
     key.write_bytes(world.app.private_key_pem)
     web = create_app(Settings(webhook_secret=EVENTS_SECRET, redis_url=redis_url), redis_conn)
-    server = make_server("127.0.0.1", 0, web, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
-    web_url = f"http://127.0.0.1:{server.port}"
-    try:
+    with serving(web) as server:
+        web_url = f"http://127.0.0.1:{server.port}"
         with running(world, webhook_url=f"{web_url}/webhook", webhook_secret=EVENTS_SECRET) as hub:
             for name, value in {
                 "REDIS_URL": redis_url,
@@ -163,10 +157,6 @@ def serve_stack(
             }.items():
                 monkeypatch.setenv(name, value)
             yield Stack(hub, web_url, redis_conn)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -23,7 +22,7 @@ from bot.redeliver import deliveries_to_redeliver, redeliver_failed, since_last_
 from bot.redis_local import answers, free_port
 from bot.timestamps import iso
 from bot.webhooks import EVENTS_QUEUE
-from tests.conftest import EVENTS_SECRET, EVENTS_WORLD, Stack
+from tests.conftest import EVENTS_WORLD, Stack, serve_stack
 
 T0 = 1_700_000_000.0
 OK = ("OK", 202)
@@ -163,42 +162,15 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
 def stack_on(
     server: PrivateRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[Stack, GitHubApp]]:
-    """serve_stack's setup, with the web app and the workers on the private Redis."""
-    from werkzeug.serving import make_server
-
-    from app import create_app
-    from bot.settings import Settings
-    from fakehub.testing import running
-    from fakehub.world import load_world
-
-    world = load_world(EVENTS_WORLD)
-    pem = world.app.private_key_pem
-    assert pem is not None
-    key = tmp_path / "app.pem"
-    key.write_bytes(pem)
+    """serve_stack with the web app and the workers on the private Redis."""
     conn = Redis.from_url(server.url, socket_timeout=5, socket_connect_timeout=1)
-    web = create_app(Settings(webhook_secret=EVENTS_SECRET, redis_url=server.url), conn)
-    web_server = make_server("127.0.0.1", 0, web, threaded=True)
-    thread = threading.Thread(target=web_server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
-    web_url = f"http://127.0.0.1:{web_server.port}"
     try:
-        with running(world, webhook_url=f"{web_url}/webhook", webhook_secret=EVENTS_SECRET) as hub:
-            for name, value in {
-                "REDIS_URL": server.url,
-                "GPUCI_APP_ID": str(world.app.id),
-                "GPUCI_PRIVATE_KEY_PATH": str(key),
-                "GPUCI_GITHUB_API_URL": hub.url,
-                "GPUCI_PUBLIC_URL": "https://gpuci.example.org",
-                "GPUCI_GITHUB_WRITE_INTERVAL_S": "0",
-            }.items():
-                monkeypatch.setenv(name, value)
-            app = GitHubApp(hub.url, world.app.id, pem.decode(), write_interval_s=0)
-            yield Stack(hub, web_url, conn), app
+        with serve_stack(EVENTS_WORLD, conn, server.url, tmp_path, monkeypatch) as stack:
+            pem = stack.hub.world.app.private_key_pem
+            assert pem is not None
+            app = GitHubApp(stack.hub.url, stack.hub.world.app.id, pem.decode(), write_interval_s=0)
+            yield stack, app
     finally:
-        web_server.shutdown()
-        web_server.server_close()
-        thread.join(timeout=5)
         conn.close()
 
 
