@@ -22,15 +22,14 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
     app = Flask("gpuci")
     app.config["GPUCI_SETTINGS"] = settings
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    app.extensions["gpuci_redis"] = redis or Redis.from_url(
-        settings.redis_url, socket_timeout=2, socket_connect_timeout=2
-    )
+    conn = redis or Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+    app.extensions["gpuci_redis"] = conn
     app.register_blueprint(web.blueprint)
-    app.register_blueprint(webhooks.blueprint)
     app.register_blueprint(metrics.blueprint)
     app.register_blueprint(dashboard.blueprint)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected_error)
+    app.wsgi_app = webhooks.Intake(app.wsgi_app, settings, conn)  # type: ignore[method-assign]
     return app
 
 

@@ -34,10 +34,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from redis import Redis
-from rq import Queue
 
-from bot import keys
-from bot.webhooks import EVENTS_QUEUE
+from bot import inbox, keys
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = Path("/work/shared/github/webhook-examples.json")
@@ -321,11 +319,11 @@ def to_result(
     )
 
 
-def settle(conn: Redis, queue: Queue) -> int:
-    """The events queue's length once it stops growing (requests in flight at wrk's stop)."""
+def settle(conn: Redis) -> int:
+    """The deliveries in the inbox once it stops growing (requests in flight at wrk's stop)."""
     last, stable_since = -1, time.monotonic()
     while time.monotonic() - stable_since < 0.5:
-        n = queue.count
+        n = inbox.pending(conn)
         if n != last:
             last, stable_since = n, time.monotonic()
         time.sleep(0.05)
@@ -338,7 +336,6 @@ def bench_gpuci(
     secret = secrets.token_hex(20)
     sig = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     conn = Redis.from_url(args.redis_url)
-    queue = Queue(EVENTS_QUEUE, connection=conn)
     conn.flushdb()
     port = free_port()
     env = {
@@ -360,10 +357,10 @@ def bench_gpuci(
     wrk(url, 16, args.warmup, args.wrk_threads, lua, body_file, sig)
     results = []
     for connections in args.connections:
-        settle(conn, queue)
+        settle(conn)
         conn.flushdb()
         raw = measured(args, url, connections, proc.pid, sig, (lua, body_file))
-        jobs = settle(conn, queue)
+        jobs = settle(conn)
         counts = {k.decode(): int(v) for k, v in conn.hgetall(keys.webhook_counts()).items()}
         queued = counts.get(f"{EVENT}:queued", 0)
         dupes = counts.get(f"{EVENT}:duplicate", 0)
@@ -371,7 +368,7 @@ def bench_gpuci(
         ok = raw["sother"] == 0 and dupes == 0 and jobs == queued and 0 <= extra <= connections
         hint = "" if ok else " (is another client using or flushing this database?)"
         check = (
-            f"{'OK' if ok else 'MISMATCH'}{hint}: {jobs} jobs on {EVENTS_QUEUE}, "
+            f"{'OK' if ok else 'MISMATCH'}{hint}: {jobs} deliveries in the inbox, "
             f"{raw['s202']} 202s seen by wrk (+{extra} answered after wrk stopped), "
             f"{queued} counted queued, {dupes} duplicates"
         )

@@ -137,7 +137,7 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     from rq import SimpleWorker
 
     from bot.github_app import GitHubApp, GitHubAppError
-    from bot.webhooks import EVENTS_QUEUE
+    from bot.inbox import EVENTS_QUEUE, start_pump
     from workers.host import REPORTS_QUEUE
 
     try:
@@ -149,7 +149,9 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     # SimpleWorker: jobs run in this process, so the GitHub clients and their installation
     # tokens (bot.events.context) are built once and reused, not once per forked job.
     queues = [EVENTS_QUEUE, REPORTS_QUEUE]
-    worker = SimpleWorker(queues, connection=Redis.from_url(settings.redis_url))
+    conn = Redis.from_url(settings.redis_url)
+    start_pump(conn)  # a thread: accepted deliveries (the web's inbox) -> jobs on EVENTS_QUEUE
+    worker = SimpleWorker(queues, connection=conn)
     worker.work(with_scheduler=True)  # runs the retries of failed jobs when they fall due
     return EXIT_OK
 
@@ -325,7 +327,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from rq.worker_pool import WorkerPool
 
     from workers.gpus import GpuBackendError, open_backend
-    from workers.host import HostHeartbeat, host_queue, publish_host, recover_host_runs
+    from workers.host import HostHeartbeat, HostWorker, host_queue, publish_host, recover_host_runs
 
     host = args.host or settings.host
     os.environ["GPUCI_HOST"] = host  # the pool's forked workers read their settings again
@@ -355,7 +357,9 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     heartbeat = HostHeartbeat(conn, settings, backend, slots)
     heartbeat.start()
     try:
-        WorkerPool([host_queue(host)], connection=conn, num_workers=slots).start(burst=args.burst)
+        # HostWorker: a Redis restart while a batch runs is waited out, not fatal to the worker
+        pool = WorkerPool([host_queue(host)], conn, slots, worker_class=HostWorker)
+        pool.start(burst=args.burst)
     finally:
         heartbeat.stop()
     return EXIT_OK

@@ -80,6 +80,21 @@ def check_runs(repo: str, sha: str, name: str) -> str:
 # --- events (bot/events.py) ------------------------------------------------------------------
 
 
+def inbox() -> str:
+    """List: accepted deliveries not yet jobs, newest first (bot/inbox.py's envelopes)."""
+    return f"{PREFIX}:inbox"
+
+
+def inbox_moving() -> str:
+    """List: envelopes an events process is turning into jobs right now (normally empty)."""
+    return f"{PREFIX}:inbox:moving"
+
+
+def inbox_unreadable() -> str:
+    """List: inbox entries that could not be read, set aside for a human (last 100)."""
+    return f"{PREFIX}:inbox:unreadable"
+
+
 def delivery_steps(delivery_id: str) -> str:
     """Set: the effects (comments, reactions) already done for a delivery (7 days)."""
     return f"{PREFIX}:delivery-steps:{delivery_id}"

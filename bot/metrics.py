@@ -13,8 +13,8 @@ from redis.exceptions import RedisError
 from rq import Queue
 
 from bot import dashboard, keys
+from bot.inbox import EVENTS_QUEUE, pending
 from bot.runs import RunState
-from bot.webhooks import EVENTS_QUEUE
 from workers.host import REPORTS_QUEUE, host_queue
 
 blueprint = Blueprint("metrics", __name__)
@@ -109,8 +109,8 @@ def queue_depths(conn: Redis, hosts: Sequence[dashboard.HostView]) -> Family:
     names = [EVENTS_QUEUE, REPORTS_QUEUE, *(host_queue(h.name) for h in hosts)]
     for name in names:
         family.add(Queue(name, connection=conn).count, queue=name)
-    pending = conn.zcard(keys.pending_runs())
-    family.add(pending, queue="pending-runs")
+    family.add(pending(conn), queue="webhook-inbox")  # accepted deliveries not yet jobs
+    family.add(conn.zcard(keys.pending_runs()), queue="pending-runs")
     return family
 
 

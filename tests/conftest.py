@@ -80,14 +80,18 @@ class Stack:
         return found["pull"]
 
     def process(self, queue_name: str = "gpuci-events") -> int:
-        """Work one queue (default: the events queue) until it is empty; every job must
-        succeed."""
+        """Work one queue (default: the events queue, fed from the webhook inbox as the events
+        process's pump does) until both are empty; every job must succeed."""
         from rq import Queue, SimpleWorker
         from rq.job import Job
         from rq.registry import FailedJobRegistry
 
+        from bot.inbox import EVENTS_QUEUE, Pump
+
         queue = Queue(queue_name, connection=self.redis)
-        SimpleWorker([queue], connection=self.redis).work(burst=True)
+        pump = Pump(self.redis) if queue_name == EVENTS_QUEUE else None
+        while (pump.drain() if pump else 0) or queue.count:
+            SimpleWorker([queue], connection=self.redis).work(burst=True)
         failed = FailedJobRegistry(queue=queue).get_job_ids()
         for job_id in failed:
             result = Job.fetch(job_id, connection=self.redis).latest_result()

@@ -18,8 +18,8 @@ from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
 from bot import keys, runs
+from bot.inbox import EVENTS_QUEUE, Pump
 from bot.runs import Run, RunState
-from bot.webhooks import EVENTS_QUEUE
 from tests.conftest import Stack
 from tests.test_cli import SAMPLE_OUTCOMES
 from tests.test_e2e import (  # noqa: F401  (loop is a fixture)
@@ -297,6 +297,7 @@ def test_a_delivery_whose_events_worker_was_killed_is_handled_once_on_retry(
         {"user": "maya", "body": "/gpuci run batch 4 8\n/gpuci status"},
     )
     comment_id = sent["comment"]["id"]
+    Pump(world.redis).drain()  # as the events process's pump would, before its worker starts
     events = Queue(EVENTS_QUEUE, connection=world.redis)
     [job_id] = events.get_job_ids()
     worker = start("events")

@@ -74,7 +74,8 @@ def test_webhooks_by_event_and_outcome(client: Any) -> None:
     assert found['gpuci_webhooks_total{event="ping",outcome="ping"}'] == 1
     assert found['gpuci_webhooks_total{event="-",outcome="rejected"}'] == 1
     assert not any("evil" in name for name in found)
-    assert found['gpuci_queue_jobs{queue="gpuci-events"}'] == 2
+    assert found['gpuci_queue_jobs{queue="webhook-inbox"}'] == 2  # accepted, not yet jobs
+    assert found['gpuci_queue_jobs{queue="gpuci-events"}'] == 0
 
 
 def test_queue_depths(client: Any, redis_conn: Redis) -> None:
@@ -84,6 +85,7 @@ def test_queue_depths(client: Any, redis_conn: Redis) -> None:
     new_run(redis_conn), new_run(redis_conn, pr=8)
     found = scrape(client)
     assert found['gpuci_queue_jobs{queue="gpuci-events"}'] == 0
+    assert found['gpuci_queue_jobs{queue="webhook-inbox"}'] == 0
     assert found['gpuci_queue_jobs{queue="gpuci-reports"}'] == 1
     assert found['gpuci_queue_jobs{queue="gpuci-host-h20-01"}'] == 1
     assert found['gpuci_queue_jobs{queue="pending-runs"}'] == 2

@@ -12,7 +12,7 @@ from redis import Redis
 from rq import Queue
 
 from app import create_app
-from bot import webhooks
+from bot import inbox, keys, webhooks
 from bot.settings import Settings
 
 SECRET = "It's a Secret to Everybody"
@@ -67,18 +67,23 @@ def test_every_real_example_gets_a_non_5xx_answer(client, redis_conn, event, pay
         assert response.status_code == 200
     else:
         assert response.status_code == 202
-        queued = Queue(webhooks.EVENTS_QUEUE, connection=redis_conn).count
-        assert queued == (1 if event in webhooks.HANDLED_EVENTS else 0)
+        assert inbox.pending(redis_conn) == (1 if event in webhooks.HANDLED_EVENTS else 0)
 
 
-def test_queued_job_carries_plain_values(client, redis_conn) -> None:
+def test_accepted_delivery_becomes_a_job_with_plain_values(client, redis_conn) -> None:
     payload = {"action": "opened", "number": 7}
     delivery = str(uuid.uuid4())
     assert post(client, json.dumps(payload).encode(), delivery=delivery).status_code == 202
-    (job,) = Queue(webhooks.EVENTS_QUEUE, connection=redis_conn).get_jobs()
-    assert job.func_name == webhooks.HANDLER
+    assert Queue(inbox.EVENTS_QUEUE, connection=redis_conn).count == 0  # the pump makes jobs
+    assert inbox.Pump(redis_conn).drain() == 1
+    (job,) = Queue(inbox.EVENTS_QUEUE, connection=redis_conn).get_jobs()
+    assert job.id == f"delivery-{delivery}"
+    assert job.func_name == inbox.HANDLER
     assert job.args == ("pull_request", delivery, payload)
-    assert job.retries_left == len(webhooks.DELIVERY_RETRY_S)  # a failed handling is retried
+    assert job.retries_left == len(inbox.DELIVERY_RETRY_S)  # a failed handling is retried
+    assert inbox.pending(redis_conn) == 0
+    counts = redis_conn.hgetall(keys.webhook_counts())
+    assert counts == {b"pull_request:queued": b"1"}
 
 
 def test_repeated_delivery_is_accepted_but_queued_once(client, redis_conn) -> None:
@@ -87,7 +92,9 @@ def test_repeated_delivery_is_accepted_but_queued_once(client, redis_conn) -> No
     second = post(client, body, delivery=delivery)
     assert (first.status_code, second.status_code) == (202, 202)
     assert second.get_json()["duplicate"] is True
-    assert Queue(webhooks.EVENTS_QUEUE, connection=redis_conn).count == 1
+    assert inbox.pending(redis_conn) == 1
+    counts = redis_conn.hgetall(keys.webhook_counts())
+    assert counts == {b"pull_request:queued": b"1", b"pull_request:duplicate": b"1"}
 
 
 @pytest.mark.parametrize(
@@ -104,7 +111,7 @@ def test_bad_deliveries_are_refused_with_reason(
     response = post(client, b'{"action": "opened"}', **change)
     assert response.status_code == status
     assert message in response.get_json()["error"]
-    assert Queue(webhooks.EVENTS_QUEUE, connection=redis_conn).count == 0
+    assert inbox.pending(redis_conn) == 0
 
 
 def test_missing_signature_header_is_401(client) -> None:
@@ -147,3 +154,30 @@ def test_healthz_reports_redis(client, redis_conn) -> None:
     response = client.get("/healthz")
     assert response.status_code == 200
     assert response.get_json()["redis"] == "ok"
+
+
+def test_a_body_shorter_than_its_content_length_is_400(client, redis_conn) -> None:
+    response = client.post(
+        "/webhook", data=b'{"a": 1}', environ_overrides={"CONTENT_LENGTH": "100"}
+    )
+    assert response.status_code == 400
+    assert "Content-Length" in response.get_json()["error"]
+    assert inbox.pending(redis_conn) == 0
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "words"),
+    [(OSError("connection reset"), 400, "body ended"), (RuntimeError("bug"), 500, "web log")],
+)
+def test_a_broken_request_stream_gets_a_json_answer(
+    client, caplog, error: Exception, status: int, words: str
+) -> None:
+    class Broken:
+        def read(self, *args: object) -> bytes:
+            raise error
+
+    overrides = {"wsgi.input": Broken(), "wsgi.input_terminated": True}
+    response = client.post("/webhook", data=b"{}", environ_overrides=overrides)
+    assert response.status_code == status
+    assert words in response.get_json()["error"]
+    assert ("unexpected error receiving a delivery" in caplog.text) == (status == 500)
