@@ -3,9 +3,6 @@ deliveries API (`bot/redeliver.py`), once, and then handled as if nothing had ha
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -17,12 +14,11 @@ from redis import Redis
 from rq import Queue
 
 from bot import cli, keys, runs
-from bot.github_app import GitHubApp
+from bot.inbox import EVENTS_QUEUE, Pump
 from bot.redeliver import deliveries_to_redeliver, redeliver_failed, since_last_check
-from bot.redis_local import answers, free_port
 from bot.timestamps import iso
-from bot.webhooks import EVENTS_QUEUE
-from tests.conftest import EVENTS_WORLD, Stack, serve_stack
+from tests.conftest import EVENTS_WORLD
+from tests.redis_server import PrivateRedis, private_redis_server, stack_on
 
 T0 = 1_700_000_000.0
 OK = ("OK", 202)
@@ -111,67 +107,10 @@ def test_since_last_check(redis_conn: Redis) -> None:
 # --- end to end: Redis restarts while a PR is opened -----------------------------------------
 
 
-class PrivateRedis:
-    """A redis-server of the test's own on a fixed port, without persistence."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port, self.workdir = free_port(), workdir
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        assert binary is not None
-        options = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), *options, "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while not answers(self.url):
-            assert self.proc.poll() is None and time.monotonic() < deadline, "no redis-server"
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        with contextlib.suppress(Exception):
-            Redis.from_url(self.url).shutdown(nosave=True)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-        self.proc = None
-
-
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server not installed")
-    server = PrivateRedis(tmp_path)
-    server.start()
-    try:
+    with private_redis_server(tmp_path / "redis") as server:
         yield server
-    finally:
-        server.stop()
-
-
-@contextlib.contextmanager
-def stack_on(
-    server: PrivateRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[Stack, GitHubApp]]:
-    """serve_stack with the web app and the workers on the private Redis."""
-    conn = Redis.from_url(server.url, socket_timeout=5, socket_connect_timeout=1)
-    try:
-        with serve_stack(EVENTS_WORLD, conn, server.url, tmp_path, monkeypatch) as stack:
-            pem = stack.hub.world.app.private_key_pem
-            assert pem is not None
-            app = GitHubApp(stack.hub.url, stack.hub.world.app.id, pem.decode(), write_interval_s=0)
-            yield stack, app
-    finally:
-        conn.close()
 
 
 def test_a_pr_opened_while_redis_was_down_is_redelivered_once(
@@ -181,7 +120,7 @@ def test_a_pr_opened_while_redis_was_down_is_redelivered_once(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     since = time.time() - 60
-    with stack_on(private_redis, tmp_path, monkeypatch) as (stack, app):
+    with stack_on(private_redis, EVENTS_WORLD, tmp_path, monkeypatch) as (stack, app):
         private_redis.stop()
         opened = stack.control(
             "POST",
@@ -201,6 +140,7 @@ def test_a_pr_opened_while_redis_was_down_is_redelivered_once(
             (True, 202),
         ]
         assert stack.redis.exists(keys.delivery(missed["guid"]))
+        assert Pump(stack.redis).drain() == 1
         queue = Queue(EVENTS_QUEUE, connection=stack.redis)
         assert queue.job_ids == [f"delivery-{missed['guid']}"]
         assert stack.redis.get(keys.redeliver_checked()) is not None
