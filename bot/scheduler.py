@@ -23,10 +23,12 @@ from bot.planner import HostGpuSlot, HostView, PendingRun, Plan, Priority, plan
 from bot.runs import Run, RunState, RunTrigger
 from workers import leases
 from workers.host import HOST_TTL_S, Ticket, host_queue, recover_lost_run, report
+from workers.leases import UNREACHABLE
 
 log = logging.getLogger("gpuci.scheduler")
 
 TICK_S = 2.0
+REDIS_WAIT_MAX_S = 5.0  # the longest wait between rounds while Redis is unreachable
 SCHEDULER_TTL_S = 30  # /healthz calls the scheduler gone when its last round is older
 JOB_MARGIN_S = 900  # RQ's job timeout = the batch's timeout + this (the runner kills first)
 PRIORITIES = {
@@ -355,32 +357,60 @@ def main_loop(
     redeliver: Callable[[], list[str]] | None = None,
 ) -> None:
     """Schedule every TICK_S seconds until `stop()`, firing layer schedules and replaying
-    missed webhook deliveries (`redeliver`, see bot/redeliver.py) once a minute; a failing
-    round is logged, not fatal."""
+    missed webhook deliveries (`redeliver`, see bot/redeliver.py) once a minute. A failing
+    round is logged, not fatal; while Redis is unreachable (a restart) rounds are retried with
+    a growing wait, up to REDIS_WAIT_MAX_S."""
     log.info("scheduler started (host heartbeat TTL %ss)", HOST_TTL_S)
-    last_minute = last_redeliver = ""
+    last = _LastRun()
+    wait_s = TICK_S
     while not stop():
-        now = datetime.now(UTC)
-        if schedules is not None and now.strftime("%H%M") != last_minute:
-            last_minute = now.strftime("%H%M")
-            schedules.fire(now)
-        if redeliver is not None and now.strftime("%H%M") != last_redeliver:
-            last_redeliver = now.strftime("%H%M")
-            try:
-                redone = redeliver()
-                if redone:
-                    log.info("asked GitHub to redeliver %s missed deliveries", len(redone))
-            except Exception:
-                log.exception("checking for missed webhook deliveries failed; next minute again")
         try:
-            done = tick(conn, source_token, api_url)
-            if done.dispatched or done.failed or done.requeued:
-                log.info(
-                    "round: dispatched %s, failed %s, re-queued %s",
-                    done.dispatched,
-                    list(done.failed),
-                    done.requeued,
-                )
+            _round(conn, source_token, api_url, schedules, redeliver, last)
+            if wait_s > TICK_S:
+                log.info("Redis answers again; scheduling resumed")
+            wait_s = TICK_S
+        except UNREACHABLE as exc:
+            wait_s = min(wait_s * 2, REDIS_WAIT_MAX_S)
+            log.warning("Redis unreachable (%s), retrying in %g s", exc, wait_s)
         except Exception:
             log.exception("scheduling round failed; trying again")
-        time.sleep(TICK_S)
+        time.sleep(wait_s)
+
+
+@dataclass
+class _LastRun:
+    """The minute (HHMM) layer schedules and the redelivery check last ran."""
+
+    schedules: str = ""
+    redeliver: str = ""
+
+
+def _round(
+    conn: Redis,
+    source_token: SourceToken,
+    api_url: str,
+    schedules: Schedules | None,
+    redeliver: Callable[[], list[str]] | None,
+    last: _LastRun,
+) -> None:
+    now = datetime.now(UTC)
+    minute = now.strftime("%H%M")
+    if schedules is not None and minute != last.schedules:
+        schedules.fire(now)  # kept from firing by Redis: tried again next round, that minute
+        last.schedules = minute
+    if redeliver is not None and minute != last.redeliver:
+        last.redeliver = minute
+        try:
+            redone = redeliver()
+            if redone:
+                log.info("asked GitHub to redeliver %s missed deliveries", len(redone))
+        except Exception:
+            log.exception("checking for missed webhook deliveries failed; next minute again")
+    done = tick(conn, source_token, api_url)
+    if done.dispatched or done.failed or done.requeued:
+        log.info(
+            "round: dispatched %s, failed %s, re-queued %s",
+            done.dispatched,
+            list(done.failed),
+            done.requeued,
+        )

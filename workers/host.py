@@ -8,12 +8,15 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from redis import Redis
-from rq import Queue, Retry
+from rq import Queue, Retry, Worker
+from rq.executions import Execution
+from rq.job import Job
 
 from bot import keys, runs
 from bot.config import ConfigError, load_config
@@ -23,10 +26,12 @@ from bot.trust import is_sha
 from workers import leases
 from workers.batch import BatchResult, conclude_run
 from workers.gpus import GpuBackend, GpuState, gpu_states, inventory_entry, open_backend
+from workers.leases import UNREACHABLE
 from workers.runner import RunOutcome, RunRequest, resolve_workers, run_batch
 from workers.source import SourceError, fetch_archive
 
 log = logging.getLogger("gpuci.worker")
+T = TypeVar("T")
 
 HOST_TTL_S = 15  # a host whose heartbeat is older than this is drained by the scheduler
 HEARTBEAT_S = 3.0
@@ -36,6 +41,10 @@ REPORTS_QUEUE = "gpuci-reports"
 REQUEUE_LIMIT = 1  # a run whose worker was lost is re-queued this many times, then failed
 REPORT_JOB = "bot.reports.report_run"
 REPORT_RETRY_S = [5, 30, 60, 300, 900, 1800]
+REDIS_RETRY_S = (0.5, 1.0, 2.0, 3.0)  # waits while Redis is unreachable (restarting), then 3 s
+# How long one step of a run (its start, its result, its completion) waits for an unreachable
+# Redis before failing; within the scheduler's job margin (bot.scheduler.JOB_MARGIN_S).
+REDIS_PATIENCE_S = 600.0
 
 
 def host_queue(host: str) -> str:
@@ -102,13 +111,60 @@ class HostHeartbeat(threading.Thread):
         while not self.stopped.is_set():
             try:
                 publish_host(self.conn, self.settings, self.backend, self.slots)
-            except Exception as exc:  # keep beating: a Redis restart must not kill the host
+            except UNREACHABLE as exc:  # keep beating: a Redis restart must not kill the host
+                log.warning(
+                    "host heartbeat: Redis unreachable (%s), retrying in %g s", exc, HEARTBEAT_S
+                )
+            except Exception as exc:
                 log.warning("host heartbeat failed: %s", exc)
             self.stopped.wait(HEARTBEAT_S)
 
     def stop(self) -> None:
         self.stopped.set()
         self.join(timeout=HEARTBEAT_S * 2)
+
+
+# --- riding out a Redis restart -----------------------------------------------------------------
+
+
+def through_outage(what: str, step: Callable[[], T], patience_s: float = REDIS_PATIENCE_S) -> T:
+    """`step()`, tried again while Redis is unreachable (restarting, loading its data) for up
+    to `patience_s`, every wait logged; then the last error is raised. A step must be safe to
+    repeat: its reply may have been lost after Redis did it."""
+    started, attempt = time.monotonic(), 0
+    while True:
+        try:
+            return step()
+        except UNREACHABLE as exc:
+            waited = time.monotonic() - started
+            delay = REDIS_RETRY_S[min(attempt, len(REDIS_RETRY_S) - 1)]
+            if waited + delay > patience_s:
+                log.error("%s: Redis unreachable for %.0f s (%s); giving up", what, waited, exc)
+                raise
+            log.warning("%s: Redis unreachable (%s), retrying in %g s", what, exc, delay)
+            time.sleep(delay)
+            attempt += 1
+
+
+class HostWorker(Worker):
+    """RQ's forking worker as a GPU host runs it: a Redis restart while a batch runs is waited
+    out instead of ending the worker. The batch's horse keeps running and stores its result
+    once Redis is back (`through_outage`); RQ's own heartbeat of the job is skipped meanwhile."""
+
+    def maintain_heartbeats(self, job: Job, execution: Execution) -> None:
+        try:
+            super().maintain_heartbeats(job, execution)
+        except UNREACHABLE as exc:
+            log.warning("job %s: RQ heartbeat skipped: Redis unreachable (%s)", job.id, exc)
+
+    def monitor_work_horse(self, job: Job, queue: Queue, execution: Execution) -> None:
+        while True:
+            try:
+                return super().monitor_work_horse(job, queue, execution)
+            except UNREACHABLE:
+                through_outage(f"job {job.id}: watching its horse", self.connection.ping)
+                if not self.horse_pid:  # it ended while Redis was away; RQ's cleanup settles it
+                    return
 
 
 # --- one run on this host ---------------------------------------------------------------------
@@ -119,49 +175,76 @@ class RunRefused(Exception):
 
 
 def execute_run(ticket_json: dict[str, Any]) -> str:
-    """The RQ job a host worker executes for one assigned run."""
+    """The RQ job a host worker executes for one assigned run. Each of its Redis steps waits out
+    a Redis restart, so a batch that ends while Redis is down still gets its result stored."""
     settings = Settings.from_env()
     conn = Redis.from_url(settings.redis_url)
     ticket = Ticket.from_json(ticket_json)
-    run = runs.get_run(conn, ticket.run_id)
+    run = through_outage(f"run={ticket.run_id} read it", lambda: runs.get_run(conn, ticket.run_id))
     if run is None or run.state is not RunState.ASSIGNED:
-        leases.release(conn, settings.host, ticket.gpu_indices, ticket.lease_owner)
+        _release(conn, settings, ticket)
         return f"run {ticket.run_id} is no longer assigned; nothing to do"
     backend = open_backend(settings.gpu_backend) if ticket.gpu_indices else None
     try:
         return _execute(conn, settings, backend, run, ticket)
     finally:
-        leases.release(conn, settings.host, ticket.gpu_indices, ticket.lease_owner)
+        _release(conn, settings, ticket)
 
 
 def _execute(
     conn: Redis, settings: Settings, backend: GpuBackend | None, run: Run, ticket: Ticket
 ) -> str:
+    tag = f"run={run.run_id}"
     try:
-        _may_start(conn, settings, backend, run, ticket)
+        through_outage(
+            f"{tag} start checks", lambda: _may_start(conn, settings, backend, run, ticket)
+        )
     except RunRefused as exc:
         return _requeue(conn, run, str(exc))
     with leases.LeaseHeartbeat(
         conn, settings.host, ticket.gpu_indices, ticket.lease_owner, settings.lease_ttl_s
     ) as heartbeat:
-        running = runs.transition(
-            conn,
-            run.run_id,
-            {RunState.ASSIGNED},
-            state=RunState.RUNNING,
-            started_at=time.time(),
-            wait_reason="",
-        )
+        running = through_outage(f"{tag} mark running", lambda: _mark_running(conn, run, ticket))
         if running is None:
             return f"run {run.run_id} was cancelled before it started"
-        report(conn, run.run_id)
+        _report(conn, run.run_id)
         result = _run(conn, settings, backend, running, ticket, heartbeat.lost)
         _wait_until_free(backend, ticket.gpu_indices, settings.kill_grace_s)
     if heartbeat.lost.is_set():  # the batch was stopped: its GPUs were no longer ours
         result.title = f"Stopped: {heartbeat.reason}"
-        count_lost_lease(conn, "heartbeat")
+        through_outage(f"{tag} count the lost lease", lambda: count_lost_lease(conn, "heartbeat"))
     _finish(conn, running, result)
     return f"run {run.run_id}: {result.conclusion.value} - {result.title}"
+
+
+def _mark_running(conn: Redis, run: Run, ticket: Ticket) -> Run | None:
+    """Assigned -> running, or None when the run was cancelled meanwhile. Found running under
+    this ticket's lease, it was moved by an earlier try whose reply was lost."""
+    moved = runs.transition(
+        conn,
+        run.run_id,
+        {RunState.ASSIGNED},
+        state=RunState.RUNNING,
+        started_at=time.time(),
+        wait_reason="",
+    )
+    if moved is None:
+        now = runs.get_run(conn, run.run_id)
+        if now and now.state is RunState.RUNNING and now.lease_owner == ticket.lease_owner:
+            return now
+    return moved
+
+
+def _release(conn: Redis, settings: Settings, ticket: Ticket) -> None:
+    """Give the run's GPUs back; a Redis away for longer than the lease lets it expire."""
+    try:
+        through_outage(
+            f"run={ticket.run_id} release GPUs",
+            lambda: leases.release(conn, settings.host, ticket.gpu_indices, ticket.lease_owner),
+            patience_s=settings.lease_ttl_s,
+        )
+    except UNREACHABLE:
+        log.warning("run=%s GPU leases not released; they expire by themselves", ticket.run_id)
 
 
 def _may_start(
@@ -195,6 +278,13 @@ def _states(settings: Settings, backend: GpuBackend) -> list[GpuState]:
 
 def _requeue(conn: Redis, run: Run, reason: str) -> str:
     """Back to pending (the scheduler picks again), or failed when the run can never start."""
+    through_outage(f"run={run.run_id} not started", lambda: _not_started(conn, run, reason))
+    _report(conn, run.run_id)
+    log.info("run=%s repo=%s sha=%s not started: %s", run.run_id, run.repo, run.sha, reason)
+    return f"run {run.run_id} not started: {reason}"
+
+
+def _not_started(conn: Redis, run: Run, reason: str) -> None:
     if reason.startswith("refused"):
         runs.finish_run(conn, run, conclusion="failure", title=reason)
     else:
@@ -209,9 +299,6 @@ def _requeue(conn: Redis, run: Run, reason: str) -> str:
             gpus=(),
             lease_owner="",
         )
-    report(conn, run.run_id)
-    log.info("run=%s repo=%s sha=%s not started: %s", run.run_id, run.repo, run.sha, reason)
-    return f"run {run.run_id} not started: {reason}"
 
 
 def _run(
@@ -315,17 +402,31 @@ def _wait_until_free(backend: GpuBackend | None, indices: tuple[int, ...], grace
 
 
 def _finish(conn: Redis, run: Run, result: BatchResult) -> None:
-    """Store the result and the JUnit XML, complete the run, and ask for the report."""
-    store_result(conn, run.run_id, result)
+    """Store the result and the JUnit XML, complete the run, and ask for the report; each step
+    waits out a Redis restart."""
+    tag = f"run={run.run_id}"
+    through_outage(f"{tag} store the result", lambda: store_result(conn, run.run_id, result))
     log.info(
-        "run=%s repo=%s sha=%s batch=%s finished: %s - %s",
-        run.run_id, run.repo, run.sha, run.batch, result.conclusion.value, result.title,
+        "%s repo=%s sha=%s batch=%s finished: %s - %s",
+        tag, run.repo, run.sha, run.batch, result.conclusion.value, result.title,
     )  # fmt: skip
+    through_outage(f"{tag} complete the run", lambda: _complete(conn, run, result))
+    if result.outcome.duration_s and not (result.outcome.cancelled or result.outcome.timed_out):
+        seconds = result.outcome.duration_s
+        through_outage(
+            f"{tag} record its duration",
+            lambda: runs.record_duration(conn, run.repo, run.batch, seconds),
+        )
+    _report(conn, run.run_id)
+
+
+def _complete(conn: Redis, run: Run, result: BatchResult) -> None:
     current = runs.get_run(conn, run.run_id) or run
     runs.finish_run(conn, current, conclusion=result.conclusion.value, title=result.title)
-    if result.outcome.duration_s and not (result.outcome.cancelled or result.outcome.timed_out):
-        runs.record_duration(conn, run.repo, run.batch, result.outcome.duration_s)
-    report(conn, run.run_id)
+
+
+def _report(conn: Redis, run_id: str) -> None:
+    through_outage(f"run={run_id} ask for a report", lambda: report(conn, run_id))
 
 
 def count_lost_lease(conn: Redis, cause: str) -> None:

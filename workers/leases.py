@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Iterable
@@ -11,9 +13,16 @@ from typing import Any
 
 from redis import Redis
 from redis.commands.core import Script
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bot import keys
+
+log = logging.getLogger("gpuci.leases")
+
+RETRY_S = 1.0  # how often a renewal is retried while Redis is unreachable
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError)  # Redis down, restarting or loading
 
 # KEYS: lease keys; ARGV: owner, ttl ms. Set all (ours again included) only if none is foreign.
 _ACQUIRE = """
@@ -114,8 +123,10 @@ def _script(conn: Redis, name: str) -> Script:
 class LeaseHeartbeat:
     """Renews a held lease every ttl/3 in a daemon thread until stopped.
 
-    If a renewal finds the lease gone or taken, or Redis fails twice in a row, `lost` is set
-    and `reason` says why; the run must then stop using the GPUs.
+    While Redis is unreachable (a restart) renewal is retried every second or so: the lease is
+    still ours in Redis until its TTL runs out. If a renewal finds the lease gone or taken, or
+    no renewal got through for a whole TTL, `lost` is set and `reason` says why; the run must
+    then stop using the GPUs.
     """
 
     def __init__(
@@ -124,6 +135,7 @@ class LeaseHeartbeat:
         self.conn, self.host, self.owner, self.ttl_s = conn, host, owner, ttl_s
         self.indices = sorted(set(indices))
         self.interval_s = ttl_s / 3
+        self.retry_s = min(RETRY_S, self.interval_s / 2)
         self.lost = threading.Event()
         self.reason: str | None = None
         self._stopping = threading.Event()
@@ -152,26 +164,39 @@ class LeaseHeartbeat:
         self.stop()
 
     def _beat(self) -> None:
-        while not self._stopping.wait(self.interval_s):
-            reason = self._renew_once()
+        renewed_at, wait_s = time.monotonic(), self.interval_s  # its holder just took it
+        while not self._stopping.wait(wait_s):
+            tried_at = time.monotonic()
+            try:
+                held = renew(self.conn, self.host, self.indices, self.owner, self.ttl_s)
+            except RedisError as exc:
+                reason = self._unrenewed(exc, tried_at - renewed_at)
+                if reason is None:
+                    wait_s = self.retry_s
+                    continue
+            else:
+                reason = None if held else self._lost_reason()
             if reason is not None:
                 self.reason = reason
                 self.lost.set()
                 return
+            if wait_s != self.interval_s:
+                log.info("lease %s on %s: renewed again", self.owner, self.host)
+            renewed_at, wait_s = tried_at, self.interval_s
 
-    def _renew_once(self) -> str | None:
-        """None when renewed, else why the lease is lost. One retry on a Redis error."""
-        error: RedisError | None = None
-        for attempt in range(2):
-            if attempt and self._stopping.wait(self.interval_s / 2):
-                return None
-            try:
-                held = renew(self.conn, self.host, self.indices, self.owner, self.ttl_s)
-            except RedisError as exc:
-                error = exc
-                continue
-            return None if held else self._lost_reason()
-        return f"lease on {self.host} GPUs {self.indices} not renewed: Redis error: {error}"
+    def _unrenewed(self, error: RedisError, since_s: float) -> str | None:
+        """None while the lease may still be ours (log and retry), else why it is lost."""
+        if since_s >= self.ttl_s:
+            return (
+                f"lease on {self.host} GPUs {self.indices} not renewed: Redis error: {error} "
+                f"(no renewal for {since_s:.0f} s, its TTL is {self.ttl_s:g} s)"
+            )
+        trouble = "unreachable" if isinstance(error, UNREACHABLE) else "error"
+        log.warning(
+            "lease %s on %s GPUs %s not renewed: Redis %s (%s); retrying in %.1f s, lost in %.0f s",
+            self.owner, self.host, self.indices, trouble, error, self.retry_s, self.ttl_s - since_s,
+        )  # fmt: skip
+        return None
 
     def _lost_reason(self) -> str:
         try:
