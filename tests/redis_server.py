@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,12 +24,14 @@ PERSISTENCE_CONF = ROOT / "deploy" / "redis-persistence.conf"
 class PrivateRedis:
     """One redis-server on a fixed port and directory. `stop()` is what systemd does to stop
     it (SIGTERM: a persistent server writes its data first); `start()` again finds that data
-    when `persistent`."""
+    when `persistent`. After `close()` it stays stopped, whatever thread asks."""
 
     def __init__(self, workdir: Path, *, persistent: bool = False) -> None:
         self.port, self.workdir, self.persistent = free_port(), workdir, persistent
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.closed = False
+        self._lock = threading.Lock()
 
     def command(self) -> list[str]:
         binary = shutil.which("redis-server")
@@ -39,16 +42,27 @@ class PrivateRedis:
         return [binary, *config, *where, *options]
 
     def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        deadline = time.monotonic() + 10
-        while not answers(self.url):
-            assert self.proc.poll() is None and time.monotonic() < deadline, "no redis-server"
-            time.sleep(0.05)
+        with self._lock:
+            assert not self.closed, "the test is over"
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            self.proc = subprocess.Popen(
+                self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            deadline = time.monotonic() + 10
+            while not answers(self.url):
+                assert self.proc.poll() is None and time.monotonic() < deadline, "no redis-server"
+                time.sleep(0.05)
 
     def stop(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self._stop()
+
+    def _stop(self) -> None:
         if self.proc is None:
             return
         self.proc.terminate()
@@ -70,7 +84,7 @@ def private_redis_server(workdir: Path, *, persistent: bool = False) -> Iterator
     try:
         yield server
     finally:
-        server.stop()
+        server.close()
 
 
 @contextlib.contextmanager
