@@ -12,40 +12,34 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # Each parser runs in a fresh process so that its peak RSS is its own: VmHWM, which exec
-# resets (ru_maxrss can carry the parent's peak over exec).
-PEAK = """
+# resets (ru_maxrss can carry the parent's peak over exec). A script's body sets `counts`.
+TIMED = """
+import json, sys, time
+from collections import Counter
+from pathlib import Path
+{imports}
 def peak_kb():
     status = Path("/proc/self/status").read_text()
     return int(status.split("VmHWM:")[1].split()[0])
 before = peak_kb()
-"""
-GPUCI = (
-    """
-import json, sys, time
-from pathlib import Path
-from workers.junit import parse_junit
-"""
-    + PEAK
-    + """
 start = time.perf_counter()
-s = parse_junit([Path(sys.argv[1])])
+{body}
 seconds = time.perf_counter() - start
-counts = [s.tests, s.passed, s.failed, s.errors, s.skipped + s.xfailed]
 rss = peak_kb()
-print(json.dumps({"seconds": seconds, "rss_kb": rss, "before_kb": before, "counts": counts}))
+print(json.dumps({{"seconds": seconds, "rss_kb": rss, "before_kb": before, "counts": counts}}))
 """
+
+GPUCI = TIMED.format(
+    imports="from workers.junit import parse_junit",
+    body="""
+s = parse_junit([Path(sys.argv[1])])
+counts = [s.tests, s.passed, s.failed, s.errors, s.skipped + s.xfailed]
+""",
 )
 
-JUNITPARSER = (
-    """
-import json, sys, time
-from collections import Counter
-from pathlib import Path
-from junitparser import Error, Failure, JUnitXml, Skipped
-"""
-    + PEAK
-    + """
-start = time.perf_counter()
+JUNITPARSER = TIMED.format(
+    imports="from junitparser import Error, Failure, JUnitXml, Skipped",
+    body="""
 seen = Counter()
 for suite in JUnitXml.fromfile(sys.argv[1]):
     for case in suite:
@@ -55,12 +49,54 @@ for suite in JUnitXml.fromfile(sys.argv[1]):
         seen["failed"] += Failure in kinds
         seen["errors"] += Error in kinds
         seen["skipped"] += Skipped in kinds
-seconds = time.perf_counter() - start
 counts = [seen[k] for k in ("tests", "passed", "failed", "errors", "skipped")]
-rss = peak_kb()
-print(json.dumps({"seconds": seconds, "rss_kb": rss, "before_kb": before, "counts": counts}))
-"""
+""",
 )
+
+# What bounds a streaming parser in Python (--floors): expat alone, expat calling handlers
+# that do nothing, and ElementTree's C tree builder read by end events (iterparse-style).
+EXPAT_FEED = """
+with open(sys.argv[1], "rb") as stream:
+    while chunk := stream.read(1 << 20):
+        expat.Parse(chunk, False)
+expat.Parse(b"", True)
+counts = []
+"""
+FLOORS = {
+    "expat, no handlers": TIMED.format(
+        imports="from xml.parsers.expat import ParserCreate",
+        body="expat = ParserCreate()" + EXPAT_FEED,
+    ),
+    "expat, empty handlers": TIMED.format(
+        imports="from xml.parsers.expat import ParserCreate",
+        body="""
+expat = ParserCreate()
+expat.StartElementHandler = lambda tag, attrs: None
+expat.EndElementHandler = lambda tag: None
+"""
+        + EXPAT_FEED,
+    ),
+    "ElementTree end events": TIMED.format(
+        imports="from xml.etree.ElementTree import XMLPullParser",
+        body="""
+parser, seen = XMLPullParser(events=("end",)), Counter()
+with open(sys.argv[1], "rb") as stream:
+    while chunk := stream.read(1 << 20):
+        parser.feed(chunk)
+        for _, element in parser.read_events():
+            if element.tag == "testcase":
+                kinds = {child.tag for child in element}
+                seen["tests"] += 1
+                seen["passed"] += not kinds & {"failure", "error", "skipped"}
+                seen["failed"] += "failure" in kinds
+                seen["errors"] += "error" in kinds
+                seen["skipped"] += "skipped" in kinds
+                element.clear()
+parser.close()
+counts = [seen[k] for k in ("tests", "passed", "failed", "errors", "skipped")]
+""",
+    ),
+}
 
 
 def write_junit(path: Path, cases: int, traceback_lines: int) -> None:
@@ -109,20 +145,28 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=5, help="fresh processes per parser; the best time counts"
     )
+    parser.add_argument(
+        "--floors", action="store_true", help="also time expat and ElementTree doing no work"
+    )
     args = parser.parse_args()
+    scripts = {"gpuci parse_junit": GPUCI, "junitparser": JUNITPARSER}
+    if args.floors:
+        scripts |= FLOORS
+    runs: dict[str, list[dict[str, object]]] = {name: [] for name in scripts}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "junit.xml"
         write_junit(path, args.cases, args.traceback_lines)
         size_mb = path.stat().st_size / 2**20
         print(f"{args.cases} testcases, {size_mb:.1f} MiB of JUnit XML")
-        runs: dict[str, list[dict[str, object]]] = {"gpuci parse_junit": [], "junitparser": []}
-        for _ in range(max(args.repeat, 1)):  # interleaved, so that a busy spell hits both
-            runs["gpuci parse_junit"].append(measure(GPUCI, path))
-            try:
-                runs["junitparser"].append(measure(JUNITPARSER, path))
-            except subprocess.CalledProcessError as exc:
-                print(f"junitparser not measured: {exc.stderr.strip().splitlines()[-1]}")
-                break
+        for _ in range(max(args.repeat, 1)):  # interleaved, so that a busy spell hits all
+            for name, code in list(scripts.items()):
+                try:
+                    runs[name].append(measure(code, path))
+                except subprocess.CalledProcessError as exc:
+                    print(f"{name} not measured: {exc.stderr.strip().splitlines()[-1]}")
+                    if name == "junitparser":
+                        print("  it is a benchmark-only tool: .venv/bin/pip install junitparser")
+                    del scripts[name]
     report({name: best(tries) for name, tries in runs.items() if tries})
 
 
@@ -145,11 +189,12 @@ def growth_mib(result: dict[str, object]) -> float:
 def report(results: dict[str, dict[str, object]]) -> None:
     for name, r in results.items():
         seconds, base = float(str(r["seconds"])), int(str(r["before_kb"])) / 1024
-        print(f"{name:18} {seconds:6.2f} s  peak RSS +{growth_mib(r):6.1f} MiB over {base:.1f} MiB")
-        print(f"{'':18} all tries: {r['all_seconds']} s")
-        print(f"{'':18} counts (tests passed failed errors skipped): {r['counts']}")
-    if len(results) == 2:
-        ours, theirs = results.values()
+        print(f"{name:22} {seconds:6.2f} s  peak RSS +{growth_mib(r):6.1f} MiB over {base:.1f} MiB")
+        print(f"{'':22} all tries: {r['all_seconds']} s")
+        if r["counts"]:
+            print(f"{'':22} counts (tests passed failed errors skipped): {r['counts']}")
+    ours, theirs = results.get("gpuci parse_junit"), results.get("junitparser")
+    if ours and theirs:
         t = float(str(theirs["seconds"])) / float(str(ours["seconds"]))
         m = growth_mib(theirs) / max(growth_mib(ours), 0.1)
         print(f"junitparser / gpuci: time x{t:.2f}, memory growth x{m:.0f} (gpuci floor 0.1 MiB)")
