@@ -3,7 +3,7 @@
 Both servers get the same signed real `pull_request` "opened" delivery (about 21 KB) from wrk,
 each request with a fresh `X-GitHub-Delivery`, at 1 and 16 connections. gpuci runs as in the
 Procfile (gunicorn, 2 sync workers) against Redis database 6 (flushed at start, between runs
-and at exit); afterwards the jobs on its events queue are counted against its 202 answers.
+and at exit); afterwards the deliveries in its webhook inbox are counted against its 202 answers.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from redis import Redis
 from bot import inbox, keys
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = Path("/work/shared/github/webhook-examples.json")
+EXAMPLES = ROOT.parent / "shared" / "github" / "webhook-examples.json"  # beside the checkout
 PROBOT_DIR = ROOT / "bench" / "probot"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/6"
 EVENT = "pull_request"

@@ -151,8 +151,11 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     queues = [EVENTS_QUEUE, REPORTS_QUEUE]
     conn = Redis.from_url(settings.redis_url)
     start_pump(conn)  # a thread: accepted deliveries (the web's inbox) -> jobs on EVENTS_QUEUE
-    worker = SimpleWorker(queues, connection=conn)
-    worker.work(with_scheduler=True)  # runs the retries of failed jobs when they fall due
+    # RQ's scheduler process (it runs the retries of failed jobs when they fall due) dies with a
+    # Redis outage and is restarted by the worker's maintenance pass: every minute, not every
+    # 10 (the blocking dequeue returns every worker_ttl - 15 s, so maintenance can run).
+    worker = SimpleWorker(queues, connection=conn, worker_ttl=75, maintenance_interval=60)
+    worker.work(with_scheduler=True)
     return EXIT_OK
 
 
