@@ -150,7 +150,8 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     # tokens (bot.events.context) are built once and reused, not once per forked job.
     queues = [EVENTS_QUEUE, REPORTS_QUEUE]
     conn = Redis.from_url(settings.redis_url)
-    start_pump(conn)  # a thread: accepted deliveries (the web's inbox) -> jobs on EVENTS_QUEUE
+    # a thread, with a client of its own: accepted deliveries (the web's inbox) -> jobs
+    start_pump(Redis.from_url(settings.redis_url, socket_timeout=30))
     # RQ's scheduler process (it runs the retries of failed jobs when they fall due) dies with a
     # Redis outage and is restarted by the worker's maintenance pass: every minute, not every
     # 10 (the blocking dequeue returns every worker_ttl - 15 s, so maintenance can run).
