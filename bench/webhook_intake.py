@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
-import hmac
 import json
 import os
 import re
@@ -19,7 +17,6 @@ import resource
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +33,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from redis import Redis
 
 from bot import inbox, keys
+from bot.redis_local import free_port
+from bot.webhooks import signature_of
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT.parent / "shared" / "github" / "webhook-examples.json"  # beside the checkout
@@ -183,12 +182,6 @@ def payload_body(path: Path) -> bytes:
     return json.dumps(opened, separators=(",", ":")).encode()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def throwaway_private_key() -> str:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     return key.private_bytes(
@@ -334,7 +327,7 @@ def bench_gpuci(
     args: argparse.Namespace, procs: Processes, tmp: Path, body: bytes, lua: Path, body_file: Path
 ) -> list[Result]:
     secret = secrets.token_hex(20)
-    sig = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    sig = signature_of(secret, body)
     conn = Redis.from_url(args.redis_url)
     conn.flushdb()
     port = free_port()
@@ -382,7 +375,7 @@ def bench_probot(
     args: argparse.Namespace, procs: Processes, tmp: Path, body: bytes, lua: Path, body_file: Path
 ) -> list[Result]:
     secret = secrets.token_hex(20)
-    sig = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    sig = signature_of(secret, body)
     port = free_port()
     env = {
         **os.environ,

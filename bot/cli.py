@@ -7,9 +7,12 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from bot.github_app import GitHubApp
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
@@ -136,14 +139,10 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     from redis import Redis
     from rq import SimpleWorker
 
-    from bot.github_app import GitHubApp, GitHubAppError
     from bot.inbox import EVENTS_QUEUE, start_pump
     from workers.host import REPORTS_QUEUE
 
-    try:
-        GitHubApp.from_settings(settings)
-    except GitHubAppError as exc:
-        print(f"gpuci events: {exc}", file=sys.stderr)
+    if _github_app(settings, "events") is None:  # only the jobs use it; check it at start
         return EXIT_UNUSABLE
     _log_to_stderr(settings)
     # SimpleWorker: jobs run in this process, so the GitHub clients and their installation
@@ -316,6 +315,17 @@ def _emit(
         args.markdown.write_text(markdown)
 
 
+def _github_app(settings: Settings, command: str) -> GitHubApp | None:
+    """The App from the settings, or None after saying on stderr what is missing."""
+    from bot.github_app import GitHubApp, GitHubAppError
+
+    try:
+        return GitHubApp.from_settings(settings)
+    except GitHubAppError as exc:
+        print(f"gpuci {command}: {exc}", file=sys.stderr)
+        return None
+
+
 def _log_to_stderr(settings: Settings) -> None:
     from bot.logs import configure
 
@@ -372,15 +382,12 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_scheduler(args: argparse.Namespace, settings: Settings) -> int:
     from redis import Redis
 
-    from bot.github_app import GitHubApp, GitHubAppError
     from bot.redeliver import redeliver_failed, since_last_check
     from bot.runs import Run
     from bot.scheduler import Schedules, main_loop
 
-    try:
-        app = GitHubApp.from_settings(settings)
-    except GitHubAppError as exc:
-        print(f"gpuci scheduler: {exc}", file=sys.stderr)
+    app = _github_app(settings, "scheduler")
+    if app is None:
         return EXIT_UNUSABLE
 
     def source_token(run: Run) -> str:
@@ -404,13 +411,10 @@ def cmd_redeliver(args: argparse.Namespace, settings: Settings) -> int:
     from redis import Redis
     from redis.exceptions import RedisError
 
-    from bot.github_app import GitHubApp, GitHubAppError
     from bot.redeliver import redeliver_failed, since_last_check
 
-    try:
-        app = GitHubApp.from_settings(settings)
-    except GitHubAppError as exc:
-        print(f"gpuci redeliver: {exc}", file=sys.stderr)
+    app = _github_app(settings, "redeliver")
+    if app is None:
         return EXIT_UNUSABLE
     conn = Redis.from_url(settings.redis_url, socket_timeout=5)
     try:

@@ -171,7 +171,7 @@ def webhook_counts() -> str:
 
 
 def github_calls() -> str:
-    """Hash "METHOD:status" -> REST calls made (status 0: no answer), plus "remaining": the
+    """Hash "METHOD:status" -> REST calls made (status "none": no answer), plus "remaining": the
     rate-limit budget GitHub last reported."""
     return f"{PREFIX}:github-calls"
 

@@ -58,7 +58,7 @@ def deliveries_to_redeliver(
 
 
 def _at(delivery: Mapping[str, Any]) -> float:
-    return epoch(str(delivery.get("delivered_at") or "").replace("Z", "+00:00")) or 0.0
+    return epoch(delivery.get("delivered_at")) or 0.0
 
 
 def recent_deliveries(app: GitHubApp, since: float) -> list[dict[str, Any]]:
@@ -97,8 +97,10 @@ def redeliver_failed(app: GitHubApp, conn: Redis, since: float) -> list[str]:
     started = time.time()
     deliveries = recent_deliveries(app, since)
     guids = sorted({str(d.get("guid")) for d in deliveries if d.get("guid") and _retryable(d)})
-    exists = [conn.exists(keys.delivery(guid)) for guid in guids]
-    seen = {guid for guid, found in zip(guids, exists, strict=True) if found}
+    pipe = conn.pipeline(transaction=False)
+    for guid in guids:
+        pipe.exists(keys.delivery(guid))
+    seen = {guid for guid, found in zip(guids, pipe.execute(), strict=True) if found}
     redelivered = []
     for delivery in deliveries_to_redeliver(deliveries, seen, since):
         path = f"/app/hook/deliveries/{int(delivery['id'])}/attempts"
