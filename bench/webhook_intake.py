@@ -35,9 +35,9 @@ from redis import Redis
 from bot import inbox, keys
 from bot.redis_local import free_port
 from bot.webhooks import signature_of
+from fakehub.schema import webhook_examples
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT.parent / "shared" / "github" / "webhook-examples.json"  # beside the checkout
 PROBOT_DIR = ROOT / "bench" / "probot"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/6"
 EVENT = "pull_request"
@@ -169,12 +169,14 @@ class Processes:
             self.stop(proc)
 
 
-def payload_body(path: Path) -> bytes:
-    """The real `pull_request` "opened" example, compact (about 21 KB), with the
+def payload_body() -> bytes:
+    """GitHub's real `pull_request` "opened" example, compact (about 21 KB), with the
     `installation` object that every GitHub App delivery carries."""
-    examples = json.loads(path.read_text())
-    pr = next(e for e in examples if e["name"] == "pull_request")
-    opened = next(x for x in pr["examples"] if x.get("action") == "opened")
+    opened = next(
+        payload
+        for event, payload in webhook_examples()
+        if event == "pull_request" and payload.get("action") == "opened"
+    )
     opened = {
         **opened,
         "installation": {"id": 2, "node_id": "MDIzOkludGVncmF0aW9uSW5zdGFsbGF0aW9uMg=="},
@@ -481,7 +483,6 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4, help="threads per gthread worker")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS, help="flushed! (database 6)")
     parser.add_argument("--probot-bin", default=default_probot_bin(), help="probot executable")
-    parser.add_argument("--examples", type=Path, default=EXAMPLES, help="webhook examples JSON")
     parser.add_argument("--only", choices=["gpuci", "probot"], help="run one server only")
     args = parser.parse_args()
     if not shutil.which("wrk"):
@@ -491,7 +492,7 @@ def main() -> None:
             "probot not found: npm install --prefix /tmp/gpuci-probot probot@13 "
             "(or set PROBOT_BIN / --probot-bin); never install into the repository"
         )
-    body = payload_body(args.examples)
+    body = payload_body()
     print(
         f"payload: {EVENT} opened, {len(body)} bytes; "
         f"wrk -t{args.wrk_threads}, {args.duration} s per run"

@@ -54,6 +54,12 @@ def load_document(name: str) -> dict[str, Any]:
     return doc
 
 
+def webhook_examples() -> list[tuple[str, dict[str, Any]]]:
+    """(event, payload) for every example delivery GitHub documents, in its order."""
+    events: Any = load_document(WEBHOOK_EXAMPLES)
+    return [(event["name"], example) for event in events for example in event["examples"]]
+
+
 def openapi30_to_jsonschema(schema: Any) -> Any:
     """OpenAPI 3.0 `nullable: true` becomes a JSON Schema type that admits null."""
     if isinstance(schema, list):

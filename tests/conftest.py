@@ -13,6 +13,8 @@ import pytest
 import requests
 from redis import Redis
 
+pytest_plugins = ["tests.missing_tools"]
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_REPO = ROOT / "examples" / "sample-repo"
 

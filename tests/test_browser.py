@@ -23,6 +23,7 @@ from redis import Redis
 
 from app import create_app
 from bot.settings import Settings
+from tests.missing_tools import skip_missing
 from tests.test_dashboard import PytestRun, finished_run, publish, run_suite
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -194,8 +195,8 @@ def serve(app: Any) -> Iterator[str]:
 def browser() -> Iterator[Browser]:
     executable = find_browser()
     if executable is None:
-        pytest.skip(
-            "Chromium is not installed (apt-get install -y chromium, or set GPUCI_CHROMIUM)"
+        skip_missing(
+            "Chromium is not installed: apt-get install -y chromium (or set GPUCI_CHROMIUM)"
         )
     profile = Path(tempfile.mkdtemp(prefix="gpuci-chromium-"))
     started = Browser(executable, profile)

@@ -367,12 +367,12 @@ def test_sources_can_come_from_a_github_tarball(tmp_path: Path) -> None:
 def test_hostile_tarball_fails_setup_naming_the_entry(tmp_path: Path) -> None:
     archive = tmp_path / "source.tar"
     with tarfile.open(archive, "w") as tar:
-        tar.addfile(tarfile.TarInfo("../escape.py"))
+        tar.addfile(tarfile.TarInfo("../escape.py"))  # path-check: hostile input
 
     outcome = run_batch(_request(tmp_path, archive))
 
     assert outcome.setup_failed
-    assert "'../escape.py'" in outcome.log_tail
+    assert "'../escape.py'" in outcome.log_tail  # path-check: hostile input
     assert outcome.junit_path is None
     assert not (tmp_path / "work" / "escape.py").exists()
 

@@ -42,7 +42,7 @@ def test_archive_at_sha_is_fetched_once_and_extracts(hub: Running, tmp_path: Pat
         ("acme/sample", "main", "40 hex"),
         ("acme/sample", "A" * 40, "40 hex"),
         ("acme/sample;rm", "a" * 40, "owner/name"),
-        ("../etc", "a" * 40, "owner/name"),
+        ("../etc", "a" * 40, "owner/name"),  # path-check: hostile input
     ],
 )
 def test_refuses_anything_but_a_sha_and_a_repo(

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import copy
-import json
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +31,7 @@ from bot.trust import (
     may_start,
     role_from_api,
 )
+from fakehub.schema import webhook_examples
 
 REPO, FORK = "org/proj", "someone/proj"
 HEAD, OLD = "b" * 40, "a" * 40
@@ -41,7 +40,6 @@ AUTO = ("2", "5")
 BATCHES = ("2", "4a", "5", "10")
 LAYERS = {"2": AUTO, "3": BATCHES}
 APP = "gpuci-app[bot]"
-EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "github" / "webhook-examples.json"
 
 NONE, READ, TRIAGE, WRITE = Role.NONE, Role.READ, Role.TRIAGE, Role.WRITE
 MAINTAIN, ADMIN = Role.MAINTAIN, Role.ADMIN
@@ -250,8 +248,7 @@ def test_policy_table_is_big_and_covers_every_role_and_event() -> None:
 
 
 def _examples(name: str) -> list[dict[str, Any]]:
-    events = json.loads(EXAMPLES.read_text())
-    return [copy.deepcopy(e) for e in next(ev for ev in events if ev["name"] == name)["examples"]]
+    return [copy.deepcopy(payload) for event, payload in webhook_examples() if event == name]
 
 
 def _example(name: str, action: str) -> dict[str, Any]:

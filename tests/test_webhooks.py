@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,15 +13,14 @@ from rq import Queue
 from app import create_app
 from bot import inbox, keys, webhooks
 from bot.settings import Settings
+from fakehub.schema import webhook_examples
 
 SECRET = "It's a Secret to Everybody"
-EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "github" / "webhook-examples.json"
 
 
 def real_examples() -> list[tuple[str, dict[str, Any]]]:
     """(event, payload) for every example GitHub documents."""
-    events = json.loads(EXAMPLES.read_text())
-    return [(e["name"], ex) for e in events for ex in e["examples"]]
+    return webhook_examples()
 
 
 @pytest.fixture
