@@ -190,7 +190,8 @@ def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
     for issue in issues:
         print(issue)
     if issues:
-        print(f"{len(issues)} problem(s) in {args.file}", file=sys.stderr)
+        files = " and ".join(dict.fromkeys(issue.file for issue in issues))
+        print(f"{len(issues)} problem(s) in {files}", file=sys.stderr)
         return EXIT_FAILED
     print(f"{args.file}: ok" + (f" (every batch can run on {args.hosts})" if args.hosts else ""))
     return EXIT_OK

@@ -39,10 +39,21 @@ class ConfigIssue:
 
 
 class ConfigError(Exception):
-    """The file is not a valid config; `issues` holds every problem found, not just the first."""
+    """The file is not a valid config; `issues` holds every problem found, not just the first.
 
-    def __init__(self, issues: list[ConfigIssue]):
+    `batches` holds each batch whose `gpus` and GPU constraints were still read validly (only
+    those fields), so that it can be checked against hosts anyway; `lines` as `Config.lines`.
+    """
+
+    def __init__(
+        self,
+        issues: list[ConfigIssue],
+        batches: Mapping[str, Batch] | None = None,
+        lines: Mapping[str, int] | None = None,
+    ):
         self.issues = issues
+        self.batches = dict(batches or {})
+        self.lines = dict(lines or {})
         super().__init__("\n".join(str(i) for i in issues))
 
 
@@ -330,6 +341,7 @@ class _Reader:
         self.filename = filename
         self.issues: list[ConfigIssue] = []
         self.lines: dict[str, int] = {}
+        self.sized: dict[str, Batch] = {}  # batches whose gpus and GPU constraints are valid
 
     def add(self, where: Node | int | None, path: str, message: str) -> None:
         line = _line(where) if isinstance(where, Node) else where
@@ -626,6 +638,7 @@ _TOP_REQUIRED = {
     "batches": "define the batches, e.g. batches: {unit: {gpus: 1, tests: [tests]}}",
 }
 _GPU_CONSTRAINTS = ("gpu_model", "min_memory", "min_compute_capability")
+_SIZING_FIELDS = ("gpus", *(_BATCH_KEYS[key][0] for key in _GPU_CONSTRAINTS))  # where it fits
 
 
 def _check_name(r: _Reader, path: str, name: str, what: str) -> bool:
@@ -657,6 +670,9 @@ def _batch(r: _Reader, name: str, node: Node, path: str) -> Batch | None:
     if values is None:
         return None
     kwargs = r.fields(values, path, _BATCH_KEYS)
+    sizing = {k: kwargs[k] for k in _SIZING_FIELDS if k in kwargs}
+    if _complete(sizing, "gpus"):
+        r.sized[name] = Batch(name=name, tests=(), **sizing)
     before = len(r.issues)
     if isinstance(kwargs.get("gpus"), int):
         _check_batch_keys(r, path, values, kwargs)
@@ -771,8 +787,12 @@ def load_config(text: str, filename: str = ".gpuci.yml") -> Config:
     batches, defined = _batches(r, values["batches"]) if "batches" in values else ({}, [])
     layers = _layers(r, values["layers"], defined) if "layers" in values else {}
     if r.issues:
-        raise ConfigError(sorted(r.issues, key=lambda issue: issue.line or 0))
+        raise ConfigError(sorted(r.issues, key=_by_line), r.sized, r.lines)
     return Config(batches=batches, layers=layers, lines=r.lines, **kwargs)
+
+
+def _by_line(issue: ConfigIssue) -> int:
+    return issue.line or 0
 
 
 def _compose(r: _Reader, text: str) -> Node | None:
@@ -969,15 +989,18 @@ def _gpus(count: int) -> str:
 
 
 def check_hosts(
-    config: Config, hosts: Mapping[str, list[HostGpu]], filename: str
+    batches: Mapping[str, Batch],
+    lines: Mapping[str, int],
+    hosts: Mapping[str, list[HostGpu]],
+    filename: str,
 ) -> list[ConfigIssue]:
     """One issue per batch that no host in the inventory can run, at the batch's line."""
     issues = []
-    for name in natural_sort(config.batches):
-        reason = why_unrunnable(config.batches[name], hosts)
+    for name in natural_sort(batches):
+        reason = why_unrunnable(batches[name], hosts)
         if reason:
             path = f"batches.{name}"
-            issues.append(ConfigIssue(filename, config.lines.get(path), path, reason))
+            issues.append(ConfigIssue(filename, lines.get(path), path, reason))
     return issues
 
 
@@ -985,24 +1008,43 @@ def check_hosts(
 
 
 def check_file(path: Path, hosts_path: Path | None = None) -> list[ConfigIssue]:
-    """Every issue in the config file, and, given an inventory, every batch no host can run."""
+    """Every issue in the config file and, given an inventory, every issue in it and every batch
+    no host can run: the config's issues and its batches' sorted by line, then the inventory's.
+
+    A batch is checked against hosts even when the file has other errors, as long as its `gpus`
+    and GPU constraints were read validly; an inventory with errors checks no batch.
+    """
+    issues, batches, lines = _check_config(path)
+    if hosts_path is None:
+        return issues
+    hosts = _check_inventory(hosts_path)
+    if isinstance(hosts, list):
+        return issues + hosts
+    return sorted(issues + check_hosts(batches, lines, hosts, str(path)), key=_by_line)
+
+
+def _check_config(
+    path: Path,
+) -> tuple[list[ConfigIssue], Mapping[str, Batch], Mapping[str, int]]:
+    """The file's issues, and the batches (with key lines) that a hosts check can use."""
+    text = _read(path)
+    if isinstance(text, ConfigIssue):
+        return [text], {}, {}
+    try:
+        config = load_config(text, str(path))
+    except ConfigError as exc:
+        return exc.issues, exc.batches, exc.lines
+    return [], config.batches, config.lines
+
+
+def _check_inventory(path: Path) -> dict[str, list[HostGpu]] | list[ConfigIssue]:
     text = _read(path)
     if isinstance(text, ConfigIssue):
         return [text]
     try:
-        config = load_config(text, str(path))
+        return load_hosts(text, str(path))
     except ConfigError as exc:
         return exc.issues
-    if hosts_path is None:
-        return []
-    hosts_text = _read(hosts_path)
-    if isinstance(hosts_text, ConfigIssue):
-        return [hosts_text]
-    try:
-        hosts = load_hosts(hosts_text, str(hosts_path))
-    except ConfigError as exc:
-        return exc.issues
-    return check_hosts(config, hosts, str(path))
 
 
 def _read(path: Path) -> str | ConfigIssue:

@@ -171,6 +171,50 @@ def test_config_check_with_small_hosts(env: Path, capsys: pytest.CaptureFixture[
     assert "batch 2 needs 2 GPUs; the largest host, t4-01, has 1" in out
 
 
+BAD_CONFIG = """\
+version: 1
+batches:
+  "2": {gpus: 16, tests: [tests], timout: 40m}
+layers:
+  "2": {batches: ["7"], trigger: pull_request}
+"""
+
+
+def test_config_check_lists_config_and_host_problems_at_once(
+    env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["gpus", "--json"]) == 0  # this host: 8 simulated H20s
+    (env / "hosts.json").write_text(capsys.readouterr().out)
+    (env / "bad.yml").write_text(BAD_CONFIG)
+
+    assert main(["config", "check", "bad.yml", "--hosts", "hosts.json"]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [
+        "bad.yml:3: batches.2.timout: unknown key 'timout'; did you mean 'timeout'?",
+        f"bad.yml:3: batches.2: batch 2 needs 16 GPUs; the largest host, {HOST}, has 8",
+        "bad.yml:5: layers.2.batches[0]: layer 2 names batch 7, which is not defined; "
+        "defined batches: 2",
+    ]
+    assert err == "3 problem(s) in bad.yml\n"
+
+
+def test_config_check_reports_a_broken_inventory_with_the_config(
+    env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (env / "hosts.json").write_text('{"h20-01": [{"name": "NVIDIA H20", "memory_gb": 96}]}')
+    (env / "bad.yml").write_text(BAD_CONFIG)
+
+    assert main(["config", "check", "bad.yml", "--hosts", "hosts.json"]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [
+        "bad.yml:3: batches.2.timout: unknown key 'timout'; did you mean 'timeout'?",
+        "bad.yml:5: layers.2.batches[0]: layer 2 names batch 7, which is not defined; "
+        "defined batches: 2",
+        'hosts.json:1: h20-01[0]: each GPU needs "compute_capability", e.g. "9.0"',
+    ]
+    assert err == "3 problem(s) in bad.yml and hosts.json\n"
+
+
 def test_summarize_existing_junit(env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     junit = env / "junit.xml"
     junit.write_text(

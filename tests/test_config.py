@@ -583,7 +583,7 @@ def test_check_hosts_locates_each_unrunnable_batch_at_its_line() -> None:
     config = load_config(DESIGN_EXAMPLE)
     one_gpu_hosts = {"t4": [T4], "h20-01": [H20]}
 
-    assert check_hosts(config, one_gpu_hosts, ".gpuci.yml") == [
+    assert check_hosts(config.batches, config.lines, one_gpu_hosts, ".gpuci.yml") == [
         ConfigIssue(".gpuci.yml", 11, "batches.5", "batch 5 needs 2 GPUs; the largest host, "
                     "h20-01, has 1"),
         ConfigIssue(".gpuci.yml", 12, "batches.10", "batch 10 needs 8 GPUs with compute "
@@ -592,7 +592,7 @@ def test_check_hosts_locates_each_unrunnable_batch_at_its_line() -> None:
         ConfigIssue(".gpuci.yml", 14, "batches.11", "batch 11 needs 2 GPUs; the largest host, "
                     "h20-01, has 1"),
     ]  # fmt: skip
-    assert check_hosts(config, {"h20-01": [H20] * 8}, ".gpuci.yml") == []
+    assert check_hosts(config.batches, config.lines, {"h20-01": [H20] * 8}, ".gpuci.yml") == []
 
 
 # --- `gpuci config check` --------------------------------------------------------------------
@@ -609,20 +609,116 @@ def test_check_file_valid_config_and_hosts(tmp_path: Path) -> None:
     assert check_file(config, hosts) == []
 
 
-def test_check_file_reports_config_then_host_issues(tmp_path: Path) -> None:
+def test_check_file_reports_config_and_host_issues_together(tmp_path: Path) -> None:
     config = tmp_path / ".gpuci.yml"
     config.write_text(DESIGN_EXAMPLE.replace("timeout: 40m", "timeout: 40 minutes"))
     hosts = tmp_path / "hosts.json"
     hosts.write_text(HOSTS_JSON)
+    batch_10 = (
+        f"{config}:12: batches.10: batch 10 needs 8 GPUs with compute capability >= 8.0; "
+        "best host h20-01 has 2 GPUs, 2 of them with compute capability >= 8.0"
+    )
 
     assert [str(i) for i in check_file(config, hosts)] == [
         f"{config}:10: batches.2.timeout: '40 minutes' is not a duration; "
-        "write e.g. 90s, 40m, 6h or 1h30m"
+        "write e.g. 90s, 40m, 6h or 1h30m",
+        batch_10,
     ]
     config.write_text(DESIGN_EXAMPLE)
+    assert [str(i) for i in check_file(config, hosts)] == [batch_10]
+
+
+EIGHT_H20_JSON = json.dumps(
+    {"h20-01": [{"name": "NVIDIA H20", "memory_gb": 96, "compute_capability": "9.0"}] * 8}
+)
+
+
+def test_check_file_lists_the_issue_example_in_full(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yml"
+    bad.write_text(
+        "version: 1\n"
+        "batches:\n"
+        '  "2": {gpus: 16, tests: [tests], timout: 40m}\n'
+        "layers:\n"
+        '  "2": {batches: ["7"], trigger: pull_request}\n'
+    )
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(EIGHT_H20_JSON)
+
+    assert [str(i) for i in check_file(bad, hosts)] == [
+        f"{bad}:3: batches.2.timout: unknown key 'timout'; did you mean 'timeout'?",
+        f"{bad}:3: batches.2: batch 2 needs 16 GPUs; the largest host, h20-01, has 8",
+        f"{bad}:5: layers.2.batches[0]: layer 2 names batch 7, which is not defined; "
+        "defined batches: 2",
+    ]
+
+
+TOO_BIG = "batch b needs 16 GPUs; the largest host, h20-01, has 8"
+
+
+@pytest.mark.parametrize(
+    ("text", "host_issue"),
+    [
+        # other keys of the batch are wrong: its gpus and GPU constraints still say where it fits
+        (BASE + "  b: {gpus: 16, timout: 5m}\n", TOO_BIG),
+        (BASE + "  b: {gpus: 16, tests: [/abs/t.py], env: {CUDA_VISIBLE_DEVICES: '0'}}\n",
+         TOO_BIG),
+        (BASE + "  b: {gpus: 16, workers: auto}\n", TOO_BIG),
+        (BASE + "  b: {gpus: 8, min_compute_capability: '10.0', pytest_args: [-n, '2']}\n",
+         "batch b needs 8 GPUs with compute capability >= 10.0; best host h20-01 has 8 GPUs, "
+         "0 of them with compute capability >= 10.0"),
+        ("batches:\n  b: {gpus: 16}\n", TOO_BIG),  # version missing
+        (BASE + "  b: {gpus: 16}\nlayers: {l: {batches: [c]}}\n", TOO_BIG),
+        (BASE + "  b c: {gpus: 16}\n", "batch b c needs 16 GPUs; the largest host, h20-01, has 8"),
+        # what decides where it fits is unreadable: not checked
+        (BASE + "  b: {gpus: sixteen}\n", None),
+        (BASE + "  b: {tests: [t]}\n", None),
+        (BASE + "  b: {gpus: 16, min_memory: 80}\n", None),
+        (BASE + "  b: {gpus: 16, gpu_model: ''}\n", None),
+        (BASE + "  b: {gpus: 16, min_compute_capability: eight}\n", None),
+        (BASE + "  b: [gpus, 16]\n", None),
+        ("version: 1\nbatches: {b: {gpus: 16}\n", None),  # YAML syntax error
+        ("version: 1\nbatches:\n  b: &a {gpus: 16}\n", None),  # refused before reading
+    ],
+)  # fmt: skip
+def test_check_file_fits_every_batch_whose_size_could_be_read(
+    tmp_path: Path, text: str, host_issue: str | None
+) -> None:
+    config = tmp_path / ".gpuci.yml"
+    config.write_text(text)
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(EIGHT_H20_JSON)
+
+    issues = check_file(config, hosts)
+    config_issues = issues_of(text)
+
+    assert config_issues  # every case has problems of its own
+    fits = [i.message for i in issues if "host" in i.message]
+    assert fits == ([host_issue] if host_issue else [])
+    assert sorted(str(i).split(": ", 1)[1] for i in issues if i.message != host_issue) == sorted(
+        i.split(": ", 1)[1] for i in config_issues
+    )
+    assert [i.line or 0 for i in issues] == sorted(i.line or 0 for i in issues)
+
+
+def test_check_file_reports_inventory_and_config_errors_together(tmp_path: Path) -> None:
+    config = tmp_path / ".gpuci.yml"
+    config.write_text(BASE + "  b: {gpus: 16, timout: 5m}\n")
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text('{"h20-01": [{"name": "NVIDIA H20", "memory_gb": 96}]}')
+
     assert [str(i) for i in check_file(config, hosts)] == [
-        f"{config}:12: batches.10: batch 10 needs 8 GPUs with compute capability >= 8.0; "
-        "best host h20-01 has 2 GPUs, 2 of them with compute capability >= 8.0"
+        f"{config}:4: batches.b.timout: unknown key 'timout'; did you mean 'timeout'?",
+        f'{hosts}:1: h20-01[0]: each GPU needs "compute_capability", e.g. "9.0"',
+    ]
+    assert [str(i) for i in check_file(config, tmp_path / "none.json")] == [
+        f"{config}:4: batches.b.timout: unknown key 'timout'; did you mean 'timeout'?",
+        f"{tmp_path / 'none.json'}: cannot read the file: No such file or directory",
+    ]
+    config.unlink()
+    assert [str(i) for i in check_file(config, hosts)] == [
+        f"{config}: cannot read the file: No such file or directory",
+        f'{hosts}:1: h20-01[0]: each GPU needs "compute_capability", e.g. "9.0"',
     ]
 
 
