@@ -200,7 +200,7 @@ class Story:
         fork_pr = self.fork_pr_waits_for_approval()
         self.label_approves_and_runs(fork_pr)
         self.push_voids_the_approval(fork_pr)
-        self.big_batch_waits_for_eight_idle_gpus(maya_pr)
+        self.small_batch_runs_while_the_big_one_waits(maya_pr)
 
     def maintainer_pr_runs_automatically(self) -> dict[str, Any]:
         self.scene(1, "maya (maintainer) opens a PR: layer 2 runs on GPUs automatically")
@@ -240,13 +240,16 @@ class Story:
             "maintainer approves the new commit"
         )
 
-    def big_batch_waits_for_eight_idle_gpus(self, pr: dict[str, Any]) -> None:
-        self.scene(5, "maya comments `/gpuci run batch 8`; GPU 7 is busy with a foreign process")
+    def small_batch_runs_while_the_big_one_waits(self, pr: dict[str, Any]) -> None:
+        """Batch 4 runs at once on idle GPUs; its tests' hardware gates find no CUDA driver
+        behind the simulated GPUs, so it is not validated. Batch 8 waits for GPU 7."""
+        self.scene(5, "maya comments `/gpuci run batch 4 8`; GPU 7 is busy with a foreign process")
         self.system.control(
             "POST",
             f"pulls/{REPO}/{pr['number']}/comments",
-            {"user": "maya", "body": "/gpuci run batch 8"},
+            {"user": "maya", "body": "/gpuci run batch 4 8"},
         )
+        self.await_checks(pr["head_sha"], ("4",), "completed")
         waiting = self.wait_for("batch 8 to wait for GPUs", lambda: self._waiting(pr, "8"))
         say(f"    Check Run says: {waiting}")
         say("    ... the notebook on GPU 7 exits")
@@ -300,9 +303,10 @@ class Story:
         return []
 
     def _waiting(self, pr: dict[str, Any], batch: str) -> str | None:
+        """The batch's wait reason once it waits for all but the foreign process's GPU."""
         check = self._latest(pr["head_sha"]).get(f"gpuci / batch {batch}")
         summary = str((check or {}).get("output", {}).get("summary", ""))
-        return summary if "waiting for 8 idle GPUs" in summary else None
+        return summary if "waiting for 8 idle GPUs; largest idle set: 7" in summary else None
 
     def wait_for(self, what: str, probe: Callable[[], Any]) -> Any:
         started = time.monotonic()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,6 +51,17 @@ def test_demo_plays_the_story_and_cleans_up(
     # the fork waits, is approved by label, and a push voids the approval
     assert "action_required, 'Approval needed before GPU runs'" in out
     assert "label gpuci/approved removed" in out
+    # `/gpuci run batch 4 8`: batch 4 runs on idle GPUs, where its tests' hardware gates skip
+    # every test: neutral, not validated, with the skip reasons grouped
+    neutral = "gpuci / batch 4: NEUTRAL - Not validated: 0 passed, 4 skipped\n"
+    assert out.index("== 5.") < out.index(neutral)
+    assert "### Skipped (4)" in out
+    assert re.search(  # grouped; what the gates saw: no driver, or fewer than 4 GPUs
+        r"\| needs 4 GPUs with peer-to-peer links; (?P<seen>[^|\n]+) \| 2 \|\n"
+        r"\| needs 4 Hopper GPUs \(compute capability 9\.0\) for FlashAttention-3; "
+        r"(?P=seen) \| 2 \|\n",
+        out,
+    )
     # the 8-GPU batch waits with its reason, then runs once the foreign process leaves
     assert "waiting for 8 idle GPUs; largest idle set: 7 on demo-gpu-01" in out
     assert "gpuci / batch 8: FAILURE - 1 failed, 6 passed, 1 error" in out
