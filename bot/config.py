@@ -7,7 +7,7 @@ import json
 import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -17,6 +17,12 @@ from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 DEFAULT_APPROVAL_LABEL = "gpuci/approved"
+DEFAULT_RUNTIME = "default"  # the profile of `runtime: {setup: [...]}`, or of no runtime key
+DEFAULT_BASE = "default"  # the host's default base environment
+NETWORKS = ("host", "none")
+EXPECT_KEYS = ("python", "torch", "cuda")
+# Caches a runtime may declare: persisted per repository and runtime between runs.
+CACHE_NAMES = ("packages", "huggingface", "torch-hub", "torch-extensions", "triton")
 DEFAULT_PYTEST_ARGS: tuple[str, ...] = ("-ra", "--tb=short")
 DEFAULT_TIMEOUT_S = 3600
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -73,6 +79,36 @@ class Batch:
     min_memory_mb: int | None = None
     min_compute_capability: tuple[int, int] | None = None
     allow_no_tests: bool = False
+    runtime: str | None = None  # a profile of `runtimes`; None: the config's default runtime
+    network: str | None = None  # "host" or "none"; None: the runtime's
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How a batch's environment is made: a fresh virtual environment layered on a base the
+    GPU host provides (`base`, None for the host's default base), or a container `image`."""
+
+    name: str
+    base: str | None = None
+    image: str | None = None
+    setup: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    expect: dict[str, str] = field(default_factory=dict)  # python / torch / cuda -> version
+    caches: dict[str, int | None] = field(default_factory=dict)  # name -> MiB (None: host's)
+    network: str = "host"  # "host": the host's network; "none": no network at all
+
+    @property
+    def requirement(self) -> str:
+        """What a host must provide for it: `base:<name>` or `image` (a container engine)."""
+        return "image" if self.image else f"base:{self.base or DEFAULT_BASE}"
+
+    def describe(self) -> str:
+        """`torch (base torch2.13-cu13.0)`, `trl (image pytorch/pytorch:2.13)`."""
+        where = f"image {self.image}" if self.image else f"base {self.base or DEFAULT_BASE}"
+        return f"{self.name} ({where})"
+
+
+_PLAIN = Runtime(DEFAULT_RUNTIME)  # the host's default base, no setup
 
 
 @dataclass(frozen=True)
@@ -89,7 +125,8 @@ class Config:
     batches: dict[str, Batch]
     layers: dict[str, Layer] = field(default_factory=dict)
     approval_label: str = DEFAULT_APPROVAL_LABEL
-    setup: tuple[str, ...] = ()
+    runtimes: dict[str, Runtime] = field(default_factory=lambda: {DEFAULT_RUNTIME: _PLAIN})
+    default_runtime: str = DEFAULT_RUNTIME
     pytest_args: tuple[str, ...] = DEFAULT_PYTEST_ARGS
     env: dict[str, str] = field(default_factory=dict)
     # Key path ("batches.10", "batches.10.timeout") -> 1-based line of that key in the file.
@@ -100,6 +137,18 @@ class Config:
         names = {b for layer in self.layers.values() if layer.trigger == "pull_request"
                  for b in layer.batches}  # fmt: skip
         return tuple(natural_sort(names))
+
+    def runtime_for(self, batch: Batch) -> Runtime:
+        """The batch's runtime profile, its `network` applied."""
+        runtime = self.runtimes[batch.runtime or self.default_runtime]
+        if batch.network and batch.network != runtime.network:
+            runtime = replace(runtime, network=batch.network)
+        return runtime
+
+    @property
+    def setup(self) -> tuple[str, ...]:
+        """The default runtime's setup commands."""
+        return self.runtimes[self.default_runtime].setup
 
 
 @dataclass(frozen=True)
@@ -606,13 +655,172 @@ def _env_value(node: Node) -> str:
     return str(node.value)
 
 
-def _runtime(r: _Reader, node: Node, path: str) -> Any:
-    values = r.mapping(node, path, allowed=("setup",))
+# --- runtimes ------------------------------------------------------------------------------
+
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*")
+_VERSION = re.compile(r"\d+(?:\.\d+)*")
+
+
+def _profile_name(node: Node) -> str:
+    value = _non_empty(node)
+    if not _NAME.fullmatch(value):
+        raise _Invalid(f"runtime name {value!r} may use only letters, digits, '.', '_', '-'")
+    return value
+
+
+def _base_name(node: Node) -> str:
+    value = _non_empty(node)
+    if not _NAME.fullmatch(value):
+        raise _Invalid(
+            f"base {value!r} may use only letters, digits, '.', '_', '-' "
+            "(it names a base environment in the GPU host's runtimes file)"
+        )
+    return value
+
+
+def _image_ref(node: Node) -> str:
+    value = _non_empty(node)
+    if not _IMAGE.fullmatch(value):
+        raise _Invalid(f"{value!r} is not an image reference; write e.g. pytorch/pytorch:2.13")
+    return value
+
+
+def _network(node: Node) -> str:
+    value = _typed(node, "host or none", str)
+    if value not in NETWORKS:
+        raise _Invalid(f"network {value!r} is not host (the host's network) or none (no network)")
+    return str(value)
+
+
+def _version_text(node: Node) -> str:
+    value = _text(node, 'a version such as "2.13" (quote it)')
+    if not _VERSION.fullmatch(value):
+        raise _Invalid(f'{value!r} is not a version; write e.g. "3.11", "2.13" or "13.0"')
+    return value
+
+
+def _expect(r: _Reader, node: Node, path: str) -> Any:
+    values = r.mapping(node, path, allowed=EXPECT_KEYS)
     if values is None:
         return _BAD
-    if "setup" not in values:
-        return ()
-    return _one_or_many(_non_empty)(r, values["setup"], _join(path, "setup"))
+    expect = {key: r.leaf(_version_text, value, _join(path, key)) for key, value in values.items()}
+    return _BAD if any(v is _BAD for v in expect.values()) else expect
+
+
+def _caches(r: _Reader, node: Node, path: str) -> Any:
+    """A list of cache names, or a mapping of cache name -> size limit (null: the host's)."""
+    if isinstance(node, SequenceNode):
+        names = [r.leaf(_cache_name, n, f"{path}[{i}]") for i, n in enumerate(node.value)]
+        return _BAD if _BAD in names else dict.fromkeys(names)
+    values = r.mapping(node, path)
+    if values is None:
+        return _BAD
+    caches: dict[str, Any] = {}
+    for name, value in values.items():
+        where = _join(path, name)
+        if name not in CACHE_NAMES:
+            r.add(r.lines[where], where, _unknown_cache(name))
+            caches[name] = _BAD
+        elif isinstance(value, ScalarNode) and value.tag == NULL_TAG:
+            caches[name] = None
+        else:
+            caches[name] = r.leaf(_size, value, where)
+    return _BAD if any(v is _BAD for v in caches.values()) else caches
+
+
+def _cache_name(node: Node) -> str:
+    value = _non_empty(node)
+    if value not in CACHE_NAMES:
+        raise _Invalid(_unknown_cache(value))
+    return value
+
+
+def _unknown_cache(name: str) -> str:
+    close = difflib.get_close_matches(name, CACHE_NAMES, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"caches are {', '.join(CACHE_NAMES)}"
+    return f"unknown cache {name!r}; {hint}"
+
+
+_PROFILE_KEYS: dict[str, tuple[str, FieldParser]] = {
+    "base": ("base", _leaf(_base_name)),
+    "image": ("image", _leaf(_image_ref)),
+    "setup": ("setup", _one_or_many(_non_empty)),
+    "env": ("env", _env),
+    "expect": ("expect", _expect),
+    "caches": ("caches", _caches),
+    "network": ("network", _leaf(_network)),
+}
+
+
+def _profile(r: _Reader, name: str, node: Node, path: str) -> Runtime | None:
+    values = r.mapping(node, path, allowed=_PROFILE_KEYS)
+    if values is None:
+        return None
+    before = len(r.issues)
+    kwargs = r.fields(values, path, _PROFILE_KEYS)
+    if "base" in values and "image" in values:
+        where = _join(path, "image")
+        r.add(r.lines[where], where, "a runtime has either base (a Python environment the GPU "
+              "host provides) or image (a container), not both; remove one")  # fmt: skip
+    if not _complete(kwargs) or len(r.issues) > before:
+        return None
+    return Runtime(name=name, **kwargs)
+
+
+def _runtime(r: _Reader, node: Node, path: str) -> Any:
+    """Top-level `runtime`: the name of the default profile, or the default profile itself."""
+    if isinstance(node, ScalarNode) and node.tag != NULL_TAG:
+        return r.leaf(_profile_name, node, path)
+    profile = _profile(r, DEFAULT_RUNTIME, node, path)
+    return _BAD if profile is None else profile
+
+
+def _runtimes(r: _Reader, node: Node) -> dict[str, Runtime]:
+    values = r.mapping(node, "runtimes")
+    if values is None:
+        return {}
+    profiles = {}
+    for name, profile_node in values.items():
+        path = f"runtimes.{name}"
+        named = _check_name(r, path, name, "runtime")
+        profile = _profile(r, name, profile_node, path)
+        if named and profile is not None:
+            profiles[name] = profile
+    return profiles
+
+
+def _resolve_runtimes(
+    r: _Reader, chosen: Any, profiles: dict[str, Runtime], defined: Iterable[str]
+) -> tuple[dict[str, Runtime], str]:
+    """Every profile (the default one included) and the default's name; references checked."""
+    profiles = dict(profiles)
+    default = DEFAULT_RUNTIME
+    if isinstance(chosen, Runtime):
+        if DEFAULT_RUNTIME in profiles:
+            r.add(r.lines.get("runtime"), "runtime", f"runtimes also defines {DEFAULT_RUNTIME!r}; "
+                  "name the default (runtime: NAME) or rename that profile")  # fmt: skip
+        profiles[DEFAULT_RUNTIME] = chosen
+    elif isinstance(chosen, str):
+        problem = _runtime_problem(chosen, profiles, defined, "the default runtime")
+        if problem:
+            r.add(r.lines.get("runtime"), "runtime", problem)
+        default = chosen
+    profiles.setdefault(DEFAULT_RUNTIME, Runtime(DEFAULT_RUNTIME))
+    return profiles, default
+
+
+def _runtime_problem(
+    name: str, profiles: Mapping[str, Runtime], defined: Iterable[str], who: str
+) -> str | None:
+    if name in profiles or name in defined:
+        return None  # a defined profile (one with errors is reported at its own line)
+    if not profiles:
+        return (
+            f"{who} names runtime {name!r}, but there is no runtimes mapping; define it "
+            f"(runtimes: {{{name}: {{base: NAME}}}}) or write runtime: {{setup: [...]}}"
+        )
+    names = ", ".join(natural_sort(profiles))
+    return f"{who} names runtime {name!r}, which is not defined in runtimes; defined: {names}"
 
 
 # --- batches and layers ----------------------------------------------------------------------
@@ -630,6 +838,8 @@ _BATCH_KEYS: dict[str, tuple[str, FieldParser]] = {
     "min_memory": ("min_memory_mb", _leaf(_size)),
     "min_compute_capability": ("min_compute_capability", _leaf(_compute_capability)),
     "allow_no_tests": ("allow_no_tests", _leaf(_flag)),
+    "runtime": ("runtime", _leaf(_profile_name)),
+    "network": ("network", _leaf(_network)),
 }
 _BATCH_REQUIRED = {"gpus": "say how many GPUs the batch needs, e.g. gpus: 1 (0 for CPU only)"}
 _LAYER_REQUIRED = {"batches": "list the layer's batches, e.g. batches: [unit], or batches: all"}
@@ -767,11 +977,11 @@ def _layers(r: _Reader, node: Node, defined: list[str]) -> dict[str, Layer]:
 _TOP_KEYS: dict[str, tuple[str, FieldParser]] = {
     "version": ("version", _leaf(_version)),
     "approval_label": ("approval_label", _leaf(_label)),
-    "runtime": ("setup", _runtime),
+    "runtime": ("runtime", _runtime),
     "pytest_args": ("pytest_args", _pytest_args),
     "env": ("env", _env),
 }
-_ALL_TOP_KEYS = (*_TOP_KEYS, "layers", "batches")
+_ALL_TOP_KEYS = (*_TOP_KEYS, "runtimes", "layers", "batches")
 
 
 def load_config(text: str, filename: str = ".gpuci.yml") -> Config:
@@ -786,9 +996,41 @@ def load_config(text: str, filename: str = ".gpuci.yml") -> Config:
     kwargs = r.fields(values, "", _TOP_KEYS)
     batches, defined = _batches(r, values["batches"]) if "batches" in values else ({}, [])
     layers = _layers(r, values["layers"], defined) if "layers" in values else {}
+    profiles = _runtimes(r, values["runtimes"]) if "runtimes" in values else {}
+    runtimes, default = _resolve_runtimes(
+        r, kwargs.pop("runtime", None), profiles, _defined_runtimes(values)
+    )
+    _check_batch_runtimes(r, batches, runtimes, _defined_runtimes(values))
     if r.issues:
         raise ConfigError(sorted(r.issues, key=_by_line), r.sized, r.lines)
-    return Config(batches=batches, layers=layers, lines=r.lines, **kwargs)
+    return Config(
+        batches=batches,
+        layers=layers,
+        runtimes=runtimes,
+        default_runtime=default,
+        lines=r.lines,
+        **kwargs,
+    )
+
+
+def _defined_runtimes(values: Mapping[str, Node]) -> list[str]:
+    """Every profile name written under `runtimes`, valid or not."""
+    node = values.get("runtimes")
+    if not isinstance(node, MappingNode):
+        return []
+    return [str(key.value) for key, _ in node.value if isinstance(key, ScalarNode)]
+
+
+def _check_batch_runtimes(
+    r: _Reader, batches: dict[str, Batch], runtimes: Mapping[str, Runtime], defined: list[str]
+) -> None:
+    for name in list(batches):
+        wanted = batches[name].runtime
+        problem = wanted and _runtime_problem(wanted, runtimes, defined, f"batch {name}")
+        if problem:
+            path = f"batches.{name}.runtime"
+            r.add(r.lines.get(path), path, problem)
+            del batches[name]
 
 
 def _by_line(issue: ConfigIssue) -> int:

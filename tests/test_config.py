@@ -16,6 +16,7 @@ from bot.config import (
     ConfigIssue,
     HostGpu,
     Layer,
+    Runtime,
     check_file,
     check_hosts,
     cron_problem,
@@ -70,7 +71,7 @@ def test_design_example_loads_exactly() -> None:
     assert config == Config(
         version=1,
         approval_label="gpuci/approved",
-        setup=("pip install -e . --no-deps",),
+        runtimes={"default": Runtime("default", setup=("pip install -e . --no-deps",))},
         pytest_args=("-ra", "--tb=short"),
         layers={
             "2": Layer("2", ("2", "5"), trigger="pull_request"),
@@ -307,7 +308,8 @@ ERRORS = [
     (BASE + "layers:\n  2: {batches: all, schedul: '0 1 * * *'}\n",
      ".gpuci.yml:5: layers.2.schedul: unknown key 'schedul'; did you mean 'schedule'?"),
     ("version: 1\nbatches: {u: {gpus: 1}}\nruntime: {zzz: 1}\n",
-     ".gpuci.yml:3: runtime.zzz: unknown key 'zzz'; valid keys are setup"),
+     ".gpuci.yml:3: runtime.zzz: unknown key 'zzz'; valid keys are base, caches, env, expect, "
+     "image, network, setup"),
     ("version: 1\nbatches: {u: {gpus: 1}}\nlayers: {2: {batches: all, qqq: 1}}\n",
      ".gpuci.yml:3: layers.2.qqq: unknown key 'qqq'; valid keys are batches, schedule, trigger"),
     ("- version: 1\n", ".gpuci.yml:1: expected a mapping of keys, found a list"),
@@ -334,7 +336,9 @@ ERRORS = [
     ("version: 1\nbatches: {u: 3}\n",
      ".gpuci.yml:2: batches.u: expected a mapping of keys, found '3'"),
     (BASE + "layers: [1]\n", ".gpuci.yml:4: layers: expected a mapping of keys, found a list"),
-    (BASE + "runtime: make\n", ".gpuci.yml:4: runtime: expected a mapping of keys, found 'make'"),
+    (BASE + "runtime: make\n",
+     ".gpuci.yml:4: runtime: the default runtime names runtime 'make', but there is no runtimes "
+     "mapping; define it (runtimes: {make: {base: NAME}}) or write runtime: {setup: [...]}"),
     (BASE + "layers: {2: {batches: [[unit]]}}\n",
      ".gpuci.yml:4: layers.2.batches[0]: expected a batch name, found a list"),
     (BASE + "  b: {gpus: 0, workers: auto, vram_per_worker: 1GiB}\n",
@@ -766,3 +770,117 @@ def test_config_module_does_no_service_io() -> None:
                  if isinstance(node, ast.ImportFrom)}  # fmt: skip
 
     assert not imported & {"flask", "redis", "rq", "github", "subprocess", "requests"}
+
+
+# --- runtimes ----------------------------------------------------------------------------------
+
+RUNTIMES_EXAMPLE = """\
+version: 1
+runtime: torch                      # the default profile of every batch
+runtimes:
+  torch:                            # ColossalAI-like: a qualified stack the host provides
+    base: torch2.13-cu13.0
+    setup: ["pip install -e . --no-deps"]
+    env: {TORCH_CUDA_ARCH_LIST: "9.0"}
+    expect: {python: "3.11", torch: "2.13", cuda: "13.0"}
+    caches: [huggingface, torch-extensions]
+  trl:                              # TRL-like: the project's CUDA image
+    image: pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime
+    setup: pip install -e .[test]
+    caches: {huggingface: 50GiB, packages: null}
+    network: none
+batches:
+  "2": {gpus: 1, tests: [tests/test_optimizer]}
+  trl: {gpus: 2, runtime: trl}
+  offline: {gpus: 1, network: none}
+"""
+
+
+def test_runtime_profiles_load_exactly() -> None:
+    config = load_config(RUNTIMES_EXAMPLE)
+
+    assert config.default_runtime == "torch"
+    assert config.runtimes == {
+        "default": Runtime("default"),
+        "torch": Runtime(
+            "torch",
+            base="torch2.13-cu13.0",
+            setup=("pip install -e . --no-deps",),
+            env={"TORCH_CUDA_ARCH_LIST": "9.0"},
+            expect={"python": "3.11", "torch": "2.13", "cuda": "13.0"},
+            caches={"huggingface": None, "torch-extensions": None},
+        ),
+        "trl": Runtime(
+            "trl",
+            image="pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime",
+            setup=("pip install -e .[test]",),
+            caches={"huggingface": 50 * 1024, "packages": None},
+            network="none",
+        ),
+    }
+    assert config.runtime_for(config.batches["2"]).name == "torch"
+    assert config.runtime_for(config.batches["trl"]).requirement == "image"
+    offline = config.runtime_for(config.batches["offline"])
+    assert (offline.name, offline.network, offline.requirement) == (
+        "torch",
+        "none",
+        "base:torch2.13-cu13.0",
+    )
+
+
+def test_todays_runtime_form_is_the_default_base_with_setup() -> None:
+    config = load_config(BASE + "runtime: {setup: [make deps]}\n")
+
+    runtime = config.runtime_for(config.batches["unit"])
+    assert runtime == Runtime("default", setup=("make deps",))
+    assert runtime.requirement == "base:default"
+    assert config.setup == ("make deps",)
+
+
+RUNTIME_ERRORS = [
+    (BASE + "runtimes: {t: {base: b1, image: img}}\n",
+     ".gpuci.yml:4: runtimes.t.image: a runtime has either base (a Python environment the GPU "
+     "host provides) or image (a container), not both; remove one"),
+    (BASE + "runtimes: {t: {caches: [hugingface]}}\n",
+     ".gpuci.yml:4: runtimes.t.caches[0]: unknown cache 'hugingface'; did you mean "
+     "'huggingface'?"),
+    (BASE + "runtimes: {t: {caches: {pip: 1GiB}}}\n",
+     ".gpuci.yml:4: runtimes.t.caches.pip: unknown cache 'pip'; caches are packages, "
+     "huggingface, torch-hub, torch-extensions, triton"),
+    (BASE + "runtimes: {t: {network: off}}\n",
+     ".gpuci.yml:4: runtimes.t.network: expected host or none, found 'off'"),
+    (BASE + "runtimes: {t: {network: lan}}\n",
+     ".gpuci.yml:4: runtimes.t.network: network 'lan' is not host (the host's network) or none "
+     "(no network)"),
+    (BASE + "runtimes: {t: {expect: {torch: latest}}}\n",
+     ".gpuci.yml:4: runtimes.t.expect.torch: 'latest' is not a version; write e.g. \"3.11\", "
+     "\"2.13\" or \"13.0\""),
+    (BASE + "runtimes: {t: {expect: {numpy: '2.0'}}}\n",
+     ".gpuci.yml:4: runtimes.t.expect.numpy: unknown key 'numpy'; valid keys are cuda, python, "
+     "torch"),
+    (BASE + "runtimes: {t: {image: 'not an image'}}\n",
+     ".gpuci.yml:4: runtimes.t.image: 'not an image' is not an image reference; write e.g. "
+     "pytorch/pytorch:2.13"),
+    ("version: 1\nruntimes: {t: {}}\nbatches:\n  unit: {gpus: 1, runtime: torch}\n",
+     ".gpuci.yml:4: batches.unit.runtime: batch unit names runtime 'torch', which is not defined "
+     "in runtimes; defined: default, t"),
+    ("version: 1\nruntime: {setup: x}\nruntimes: {default: {}}\nbatches: {u: {gpus: 1}}\n",
+     ".gpuci.yml:2: runtime: runtimes also defines 'default'; name the default (runtime: NAME) or "
+     "rename that profile"),
+    (BASE + "runtimes: {t: {}}\nruntime: tourch\n",
+     ".gpuci.yml:5: runtime: the default runtime names runtime 'tourch', which is not defined in "
+     "runtimes; defined: t"),
+    (BASE + "runtimes: {'t t': {}}\n",
+     ".gpuci.yml:4: runtimes.t t: runtime name 't t' may use only letters, digits, '.', '_', '-'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "expected"), RUNTIME_ERRORS)
+def test_each_runtime_error_is_located(text: str, expected: str) -> None:
+    assert issues_of(text) == [expected]
+
+
+def test_a_version_keeps_its_spelling() -> None:
+    config = load_config(BASE + "runtimes: {t: {expect: {torch: 2.10, cuda: 13.0}}}\n")
+
+    assert config.runtimes["t"].expect == {"torch": "2.10", "cuda": "13.0"}

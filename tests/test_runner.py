@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from bot.config import Batch, Config
+from bot.config import Batch, Config, Runtime
 from workers import procs
 from workers.runner import (
     PLUGIN_DIR,
@@ -58,6 +58,11 @@ def _request(tmp_path: Path, source: Path, **changes: Any) -> RunRequest:
     return replace(request, **changes)
 
 
+def with_setup(config: Config, *commands: str) -> Config:
+    """The config with these setup commands in its default runtime."""
+    return replace(config, runtimes={"default": Runtime("default", setup=commands)})
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -69,7 +74,7 @@ def _alive(pid: int) -> bool:
 def test_passing_run_runs_setup_in_the_sources_then_writes_junit(tmp_path: Path) -> None:
     source = _repo(tmp_path / "repo", {"test_ok.py": "from generated import VALUE\n" + PASSING})
     request = _request(tmp_path, source)
-    config = replace(request.config, setup=("echo 'VALUE = 7' > generated.py",))
+    config = with_setup(request.config, "echo 'VALUE = 7' > generated.py")
 
     outcome = run_batch(replace(request, config=config))
 
@@ -99,7 +104,7 @@ def test_failing_setup_command_stops_the_run_and_shows_its_output(tmp_path: Path
     request = _request(tmp_path, source)
     setup = ("echo preparing", "echo 'no such package: torch' >&2; exit 3", "echo never")
 
-    outcome = run_batch(replace(request, config=replace(request.config, setup=setup)))
+    outcome = run_batch(replace(request, config=with_setup(request.config, *setup)))
 
     assert outcome.setup_failed
     assert outcome.exit_code is None
@@ -499,11 +504,18 @@ def test_run_as_runs_children_as_that_user_in_a_directory_it_owns() -> None:
     # The venv's python may live where nobody cannot read it: a stand-in that exits 0.
     request = _request(work_root, source, run_as="nobody", python="/bin/true")
 
-    outcome = run_batch(replace(request, config=replace(request.config, setup=setup)))
+    outcome = run_batch(replace(request, config=with_setup(request.config, *setup)))
 
     assert not outcome.setup_failed, outcome.log_tail
-    assert f"I am nobody in {_nobody().pw_dir}" in outcome.log_tail  # type: ignore[union-attr]
-    assert (outcome.workdir / "src" / "made-by-setup").stat().st_uid == _nobody().pw_uid  # type: ignore[union-attr]
+    nobody = _nobody()
+    assert nobody is not None
+    box = outcome.workdir / "box"
+    assert f"I am nobody in {box / 'home'}" in outcome.log_tail  # a fresh HOME of the run's own
+    assert (box / "src" / "made-by-setup").stat().st_uid == nobody.pw_uid
+    # The run directory, its log and the worker's copies of results stay the worker's.
+    assert outcome.workdir.stat().st_uid == os.geteuid()
+    assert outcome.workdir.stat().st_mode & 0o777 == 0o711
+    assert outcome.log_path.stat().st_uid == os.geteuid()
     subprocess.run(["rm", "-rf", str(work_root)], check=True)
 
 

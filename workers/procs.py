@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -56,15 +57,26 @@ def kill_group(pgid: int, sig: int) -> bool:
 
 
 def terminate_run(
-    pgid: int, token: str, grace_s: float, extra_pids: Iterable[int] = ()
+    pgid: int,
+    token: str,
+    grace_s: float,
+    extra_pids: Iterable[int] = (),
+    spare: Iterable[int] = (),
 ) -> list[int]:
-    """SIGTERM the group, wait up to `grace_s`, SIGKILL it, then SIGKILL the stragglers.
+    """SIGTERM the group (but `spare`), wait up to `grace_s`, SIGKILL it, then SIGKILL the
+    stragglers.
 
     Stragglers are processes still carrying the run's marker and `extra_pids` (compute
-    processes left on the run's GPUs). Returns the pids killed after the group, sorted.
+    processes left on the run's GPUs). `spare` (a sandbox's bwrap, whose exit ends every
+    process in it at once) gets only the SIGKILL. Returns the pids killed after the group.
     """
-    kill_group(pgid, signal.SIGTERM)
-    _wait_until_gone(pgid, grace_s)
+    spared = set(spare)
+    if spared:
+        kill_pids_with(group_members(pgid) - spared, signal.SIGTERM)
+        _wait_until_gone(pgid, grace_s, ignore=spared)
+    else:
+        kill_group(pgid, signal.SIGTERM)
+        _wait_until_gone(pgid, grace_s)
     kill_group(pgid, signal.SIGKILL)
     _wait_until_gone(pgid, 1.0)
     killed = set(kill_pids(extra_pids))
@@ -96,9 +108,16 @@ def kill_pids(pids: Iterable[int]) -> list[int]:
     return killed
 
 
-def _wait_until_gone(pgid: int, timeout_s: float) -> None:
+def kill_pids_with(pids: Iterable[int], sig: int) -> None:
+    """Send `sig` to each pid (never ourselves, an ancestor or init)."""
+    for pid in sorted(set(pids) - _protected_pids()):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _wait_until_gone(pgid: int, timeout_s: float, ignore: set[int] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
-    while group_members(pgid) and time.monotonic() < deadline:
+    while (group_members(pgid) - (ignore or set())) and time.monotonic() < deadline:
         time.sleep(_POLL_S)
 
 
@@ -126,3 +145,13 @@ def _protected_pids() -> set[int]:
         stat = _stat(str(pid))
         pid = stat[1] if stat else 0
     return protected
+
+
+def children(pid: int) -> set[int]:
+    """The direct children of `pid` (from each process's parent in /proc)."""
+    found = set()
+    for entry in PROC.iterdir():
+        stat = _stat(entry.name) if entry.name.isdigit() else None
+        if stat and stat[1] == pid:
+            found.add(int(entry.name))
+    return found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -18,9 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from bot.config import Batch, Config
-from workers import procs
+from bot.config import Batch, Config, Runtime
+from workers import procs, sandbox
 from workers.archive import ArchiveError, extract_archive
+from workers.caches import CachePlan, CacheUse, prepare_caches
+from workers.envs import EnvError, Layer, PythonLayout, inspect_python
+from workers.results import ResultFileError, copy_result, read_result
 
 PLUGIN_DIR = Path(__file__).resolve().parent / "pytest_plugin"
 LOG_MAX_BYTES = 5 * 1024 * 1024
@@ -28,6 +32,7 @@ LOG_TAIL_LINES = 80
 _READ_CHUNK = 64 * 1024
 _POLL_S = 0.05
 _DRAIN_S = 2.0
+RESULT_MAX_BYTES = 1024 * 1024 * 1024  # a JUnit or report file the run wrote, copied at most
 
 GpuPids = Callable[[], Iterable[int]]
 
@@ -53,6 +58,25 @@ class RunRequest:
     run_as: str = ""  # run children as this user (the worker must be root)
     environ: Mapping[str, str] | None = None  # base environment, os.environ if None
     load_report_plugin: bool = True
+    # A fresh virtual environment layered on this base for the run; None: `python` itself.
+    environment: Environment | None = None
+    sandbox: sandbox.SandboxHost | None = None  # None: no sandbox (an explicit host setting)
+    caches: CachePlan | None = None  # the runtime's caches; None: none
+    gpu_minors: tuple[int, ...] = ()  # /dev/nvidia<minor> of gpu_indices (sandbox only)
+    gpu_uuids: tuple[str, ...] = ()  # real GPUs' UUIDs: CUDA_VISIBLE_DEVICES names these
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.config.runtime_for(self.batch)
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The base a run's environment is layered on, and the installer its `pip` uses."""
+
+    base_python: str
+    base_name: str = "default"
+    uv: str | None = None
 
 
 @dataclass
@@ -70,6 +94,8 @@ class RunOutcome:
     duration_s: float
     workdir: Path
     killed_pids: list[int] = field(default_factory=list)
+    # What the run saw: profile, base or image, python, torch, cuda, installer, sandbox, network.
+    runtime: dict[str, str] = field(default_factory=dict)
 
 
 def resolve_workers(batch: Batch, free_vram_mb: Sequence[int]) -> int | None:
@@ -138,20 +164,25 @@ def test_environment(
     token: str,
     plugin_dir: Path | None,
     tmpdir: Path | None = None,
+    runtime_env: Mapping[str, str] | None = None,
+    visible_devices: Sequence[str] | None = None,
 ) -> dict[str, str]:
     """The scrubbed environment of a run's processes.
 
-    The base loses credentials; config.env then batch.env apply; the leased GPUs (in NVML's
-    PCI bus order), the run marker and TMPDIR are set last so the config cannot override them.
+    The base loses credentials; config.env, the runtime's env, then batch.env apply; the leased
+    GPUs (NVML's PCI bus order, or their UUIDs), the run marker and TMPDIR are set last so the
+    config cannot override them.
     """
     env = {name: value for name, value in base.items() if not is_secret(name, value)}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(config.env)
+    env.update(runtime_env or {})
     env.update(batch.env)
     if plugin_dir is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugin_dir), env.get("PYTHONPATH")]))
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in gpu_indices)
+    devices = visible_devices if visible_devices else [str(index) for index in gpu_indices]
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     env[procs.RUN_MARKER_VAR] = token
     if tmpdir is not None:
         env["TMPDIR"] = str(tmpdir)
@@ -231,7 +262,13 @@ class _Ending:
 
 
 class _Run:
-    """One batch's working directory, log, environment and deadline, and its steps."""
+    """One batch's directories, log, environment, sandbox and deadline, and its steps.
+
+    The run directory (`<run_id>-<random>`) stays the worker's: it holds the log and the
+    copies of the results the worker reads. The run's processes get only `box/` in it: the
+    sources (`src`), HOME, TMPDIR, the layered environment (`env`) and what pytest writes
+    (`out`); with a sandbox they see nothing else of the host that is not read-only.
+    """
 
     def __init__(
         self, req: RunRequest, user: _User | None, cancel: threading.Event, gpu_pids: GpuPids
@@ -240,39 +277,42 @@ class _Run:
         self.started = time.monotonic()
         self.deadline = self.started + (req.timeout_s or req.batch.timeout_s)
         self.token = secrets.token_hex(16)
+        self.runtime = req.runtime
         self.workdir = _fresh_workdir(req.work_root, req.run_id)
-        (self.workdir / "tmp").mkdir()
+        self.box = self.workdir / "box"
+        for name in ("", "src", "home", "tmp", "out"):
+            (self.box / name).mkdir(mode=0o700, exist_ok=True)
         self.log = CappedLog(self.workdir / "output.log", req.log_max_bytes)
         self.killed: set[int] = set()
-        self.env = self._environment()
+        self.layer: Layer | None = None
+        self.python = req.python
+        self.caches: CacheUse | None = None
+        self.seen: dict[str, str] = {}
+        self.env: dict[str, str] = {}
 
-    def _environment(self) -> dict[str, str]:
-        req = self.req
-        env = test_environment(
-            os.environ if req.environ is None else req.environ,
-            config=req.config,
-            batch=req.batch,
-            gpu_indices=req.gpu_indices,
-            token=self.token,
-            plugin_dir=PLUGIN_DIR if req.load_report_plugin else None,
-            tmpdir=self.workdir / "tmp",
-        )
-        if self.user:
-            env.update(HOME=self.user.home, USER=self.user.name, LOGNAME=self.user.name)
-        return env
+    # --- the steps ---
 
     def steps(self) -> _Ending:
-        """Sources, setup, preflight, pytest: how the run ended, decided by the last step taken."""
-        src = self._sources()
-        if src is None:
+        """Sources, environment, setup, preflight, pytest: how the run ended, decided by the
+        last step taken."""
+        problem = self._prepare()
+        if problem:
+            self.log.note(problem)
             return _Ending(setup_failed=True)
-        for command in self.req.config.setup:
+        src = self.box / "src"
+        if self.layer is not None:
+            base, installer = self.layer.base.python, self.layer.installer
+            label = f"environment: fresh layer on base {base} ({installer})"
+            step = self.child(self.layer.create_command(), self.box, label)
+            if step.interrupted or step.exit_code != 0:
+                return _Ending.interrupted(step) if step.interrupted else _Ending(setup_failed=True)
+        for command in self.runtime.setup:
             step = self.child(["bash", "-c", command], src, f"setup: {command}")
             if step.interrupted:
                 return _Ending.interrupted(step)
             if step.exit_code != 0:
                 return _Ending(setup_failed=True)
-        if self.req.batch.gpus > 0 and not self.req.simulated_gpus:
+        if self._needs_preflight():
             error, step = self._preflight(src)
             if step.interrupted:
                 return _Ending.interrupted(step)
@@ -283,53 +323,149 @@ class _Run:
             return _Ending.interrupted(step)
         return _Ending(exit_code=step.exit_code, setup_failed=step.start_error is not None)
 
-    def _sources(self) -> Path | None:
-        source, dest = self.req.source, self.workdir / "src"
+    def _prepare(self) -> str | None:
+        """Sources, environment plan, caches and the process environment; a problem, or None."""
+        req = self.req
+        if self.runtime.network == "none" and req.sandbox is None:
+            return (
+                "network: none needs the sandbox, and this host runs without one "
+                "(GPUCI_SANDBOX=none); nothing was run"
+            )
+        real_gpus = req.batch.gpus > 0 and not req.simulated_gpus
+        if req.sandbox is not None and real_gpus and len(req.gpu_minors) != len(req.gpu_indices):
+            return "the device nodes of the leased GPUs are unknown; nothing was run"
+        try:
+            base = self._base_layout()
+        except EnvError as exc:
+            return f"cannot prepare the environment: {exc}"
+        problem = self._sources()
+        if problem:
+            return problem
+        if req.caches is not None:
+            try:
+                self.caches = prepare_caches(req.caches, self.runtime, self.box / "caches")
+            except OSError as exc:
+                return f"cannot prepare the caches: {exc}"
+        if self.user:
+            _chown_tree(self.box, self.user)
+            for path in self.caches.writable if self.caches else ():
+                if path.stat().st_uid != self.user.uid:  # new, or first used by this user
+                    _chown_tree(path, self.user)
+        self.env = self._environment()
+        self._record_runtime(base)
+        return None
+
+    def _base_layout(self) -> PythonLayout | None:
+        """The base interpreter's layout: needed to layer on it, or to show it in a sandbox."""
+        env = self.req.environment
+        if env is None and self.req.sandbox is None:
+            return None
+        base = inspect_python(env.base_python if env else self.req.python)
+        if env is not None:
+            self.layer = Layer(self.box / "env", base, env.uv)
+            self.python = self.layer.python
+        return base
+
+    def _sources(self) -> str | None:
+        source, dest = self.req.source, self.box / "src"
         try:
             if source.is_dir():
+                dest.rmdir()
                 shutil.copytree(source, dest, symlinks=True, ignore=_IGNORED_SOURCES)
-                root = dest
             else:
-                root = extract_archive(source, dest)
-            if self.user:
-                _chown_tree(self.workdir, self.user, keep=self.log.path)
+                extracted = extract_archive(source, self.box / "unpacked")
+                dest.rmdir()
+                extracted.rename(dest)
         except (ArchiveError, OSError) as exc:
-            self.log.note(f"cannot prepare sources from {source.name}: {exc}")
-            return None
-        return root
+            return f"cannot prepare sources from {source.name}: {exc}"
+        return None
+
+    def _environment(self) -> dict[str, str]:
+        req = self.req
+        runtime_env = dict(self.runtime.env)
+        if self.caches:
+            runtime_env.update(self.caches.env)
+        env = test_environment(
+            os.environ if req.environ is None else req.environ,
+            config=req.config,
+            batch=req.batch,
+            gpu_indices=req.gpu_indices,
+            token=self.token,
+            plugin_dir=PLUGIN_DIR if req.load_report_plugin else None,
+            tmpdir=self.box / "tmp",
+            runtime_env=runtime_env,
+            visible_devices=None if req.simulated_gpus else req.gpu_uuids,
+        )
+        env["HOME"] = str(self.box / "home")
+        if self.user:
+            env.update(USER=self.user.name, LOGNAME=self.user.name)
+        if self.layer is not None:
+            env.update(self.layer.environ(env.get("PATH", os.defpath)))
+        return env
+
+    def _record_runtime(self, base: PythonLayout | None) -> None:
+        env = self.req.environment
+        self.seen = {
+            "profile": self.runtime.name,
+            "base": env.base_name if env else "(the worker's Python)",
+            **({"python": base.version} if base else {}),
+            "installer": self.layer.installer if self.layer else "(shared environment)",
+            "sandbox": "bubblewrap" if self.req.sandbox else "none",
+            "network": self.runtime.network,
+        }
+
+    def _needs_preflight(self) -> bool:
+        gpus_to_count = self.req.batch.gpus > 0 and not self.req.simulated_gpus
+        return gpus_to_count or self.layer is not None or bool(self.runtime.expect)
 
     def _preflight(self, src: Path) -> tuple[str | None, _Step]:
-        count_file = self.workdir / "tmp" / "preflight-devices"
-        count_file.unlink(missing_ok=True)  # a setup command must not be able to answer for it
-        step = self.child([self.req.python, "-c", _PREFLIGHT, str(count_file)], src, "preflight")
+        """Versions the run sees (and, for real GPUs, the CUDA devices), checked against the
+        runtime's `expect` and the batch's GPU count."""
+        out = self.box / "out" / "preflight.json"
+        out.unlink(missing_ok=True)  # a setup command must not be able to answer for it
+        count = "1" if self.req.batch.gpus > 0 and not self.req.simulated_gpus else "0"
+        step = self.child([self.python, "-c", _PREFLIGHT, str(out), count], src, "preflight")
         if step.interrupted:
             return None, step
-        text = count_file.read_text().strip() if count_file.exists() else ""
-        seen = int(text) if text.isdigit() else 0
-        needed = self.req.batch.gpus
-        if seen == needed:
-            return None, step
-        error = f"tests would see {seen} GPUs, batch {self.req.batch.name} needs {needed}"
-        self.log.note(f"preflight failed: {error}; pytest not run")
+        seen = _read_preflight(self.box / "out", "preflight.json")
+        self.seen.update({k: str(v) for k, v in seen.items() if k in ("python", "torch", "cuda")})
+        error = _expect_problem(self.runtime, seen) or self._device_problem(seen, count == "1")
+        if error:
+            self.log.note(f"preflight failed: {error}; pytest not run")
         return error, step
+
+    def _device_problem(self, seen: Mapping[str, object], counted: bool) -> str | None:
+        devices = seen.get("devices")
+        found = devices if isinstance(devices, int) else 0
+        needed = self.req.batch.gpus
+        if not counted or found == needed:
+            return None
+        return f"tests would see {found} GPUs, batch {self.req.batch.name} needs {needed}"
 
     def _pytest_command(self) -> list[str]:
         req = self.req
+        out = self.box / "out"
         return build_pytest_command(
-            req.python,
+            self.python,
             req.config,
             req.batch,
             workers=req.workers,
-            junit_path=self.workdir / "junit.xml",
-            report_path=self.workdir / "report.jsonl" if req.load_report_plugin else None,
+            junit_path=out / "junit.xml",
+            report_path=out / "report.jsonl" if req.load_report_plugin else None,
         )
 
+    # --- processes ---
+
     def child(self, argv: list[str], cwd: Path, label: str) -> _Step:
-        """Run one process in a new session, its output to the log, until exit or interruption."""
+        """Run one process (in the sandbox, if any) in a new session, its output to the log,
+        until exit or interruption."""
         if self.cancel.is_set() or time.monotonic() >= self.deadline:
             self.log.note(f"not starting {label}: {self._why_stopped()}")
             return _Step(None, timed_out=not self.cancel.is_set(), cancelled=self.cancel.is_set())
         self.log.note(f"$ {label}")
+        if self.req.sandbox is not None:
+            argv = sandbox.command(self.req.sandbox, self._box(), argv, cwd)
+            cwd = Path("/")
         user = self.user
         try:
             proc = subprocess.Popen(
@@ -349,6 +485,22 @@ class _Run:
             self.log.note(f"{label} exited with status {step.exit_code}")
         return step
 
+    def _box(self) -> sandbox.Box:
+        layout = (
+            self.layer.visible_paths()
+            if self.layer
+            else inspect_python(self.python).visible_paths()
+        )
+        caches = self.caches
+        return sandbox.Box(
+            box=self.box,
+            read_only=(*layout, PLUGIN_DIR),
+            writable=caches.writable if caches else (),
+            read_only_caches=caches.read_only if caches else (),
+            gpu_minors=() if self.req.simulated_gpus else self.req.gpu_minors,
+            network=self.runtime.network != "none",
+        )
+
     def _wait(self, proc: subprocess.Popen[bytes]) -> _Step:
         while True:
             try:
@@ -361,7 +513,11 @@ class _Run:
     def _stop(self, proc: subprocess.Popen[bytes], *, cancelled: bool) -> _Step:
         grace = self.req.kill_grace_s
         self.log.note(f"{self._why_stopped()}: stopping the run's processes (grace {grace}s)")
-        killed = procs.terminate_run(proc.pid, self.token, grace, extra_pids=self._gpu_pids())
+        # bwrap is spared SIGTERM: its exit would end the sandbox before the grace period.
+        spare = procs.children(proc.pid) | {proc.pid} if self.req.sandbox else set()
+        killed = procs.terminate_run(
+            proc.pid, self.token, grace, extra_pids=self._gpu_pids(), spare=spare
+        )
         self._record_killed(killed)
         return _Step(exit_code=proc.wait(), timed_out=not cancelled, cancelled=cancelled)
 
@@ -386,61 +542,121 @@ class _Run:
             self.log.note(f"killed leftover processes: {' '.join(map(str, pids))}")
         self.killed.update(pids)
 
+    # --- the outcome ---
+
     def outcome(self, ending: _Ending) -> RunOutcome:
-        junit, report = self.workdir / "junit.xml", self.workdir / "report.jsonl"
+        """The outcome, with the run's JUnit and report copied where its processes cannot
+        reach (read without following links, regular files only, size-capped)."""
+        junit = self._take_result("junit.xml")
+        report = self._take_result("report.jsonl")
         return RunOutcome(
             exit_code=ending.exit_code,
             timed_out=ending.timed_out,
             cancelled=ending.cancelled,
             setup_failed=ending.setup_failed,
             preflight_error=ending.preflight_error,
-            junit_path=junit if junit.exists() else None,
-            report_path=report if report.exists() else None,
+            junit_path=junit,
+            report_path=report,
             log_path=self.log.path,
             log_tail=self.log.tail_text(LOG_TAIL_LINES),
             log_truncated=self.log.truncated,
             duration_s=round(time.monotonic() - self.started, 3),
             workdir=self.workdir,
             killed_pids=sorted(self.killed),
+            runtime=dict(self.seen),
         )
+
+    def _take_result(self, name: str) -> Path | None:
+        try:
+            return copy_result(self.box / "out", name, self.workdir / name, RESULT_MAX_BYTES)
+        except ResultFileError as exc:
+            with self.log.path.open("ab") as log:  # the log is closed by now: append the note
+                log.write(f"[gpuci] {name} not read: {exc}\n".encode())
+            return None
+
+
+def _read_preflight(directory: Path, name: str) -> dict[str, object]:
+    try:
+        data = json.loads(read_result(directory, name, 64 * 1024))
+    except (ResultFileError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _expect_problem(runtime: Runtime, seen: Mapping[str, object]) -> str | None:
+    """The first expected version the run does not have: `expected torch 2.13, found 2.12.1`."""
+    for key, wanted in runtime.expect.items():
+        found = str(seen.get(key) or "")
+        if not version_matches(wanted, found):
+            shown = found or "none"
+            return f"runtime {runtime.name} expects {key} {wanted}, found {shown}"
+    return None
+
+
+def version_matches(wanted: str, found: str) -> bool:
+    """`2.13` matches `2.13.0+cu130` and `2.13.1`, not `2.1` or `2.130`."""
+    parts = found.split("+", 1)[0].split(".")
+    want = wanted.split(".")
+    return bool(found) and parts[: len(want)] == want
 
 
 _IGNORED_SOURCES = shutil.ignore_patterns(".git", ".venv", "__pycache__")
 
-# Counts the devices CUDA itself would give the tests (it honours CUDA_VISIBLE_DEVICES).
+# What the tests will see: Python, torch and the CUDA torch was built for (read from files, not
+# imported: importing torch takes seconds), and, for real GPUs, the devices CUDA itself gives
+# them (it honours CUDA_VISIBLE_DEVICES and the device nodes the sandbox shows).
 _PREFLIGHT = """\
-import ctypes, sys
-count = 0
+import ctypes, importlib.metadata, importlib.util, json, os, re, sys
+out, count_devices = sys.argv[1], sys.argv[2] == "1"
+seen = {"python": ".".join(map(str, sys.version_info[:3]))}
 try:
-    cuda = ctypes.CDLL("libcuda.so.1")
-except OSError as exc:
-    print(f"gpuci preflight: cannot load libcuda: {exc}")
-else:
-    status = cuda.cuInit(0)
-    n = ctypes.c_int(0)
-    if status == 0 and cuda.cuDeviceGetCount(ctypes.byref(n)) == 0:
-        count = n.value
+    seen["torch"] = importlib.metadata.version("torch")
+    spec = importlib.util.find_spec("torch")
+    text = open(os.path.join(os.path.dirname(spec.origin), "version.py")).read()
+    cuda = re.search(r"^cuda\\s*(?::[^=]*)?=\\s*['\\"]([^'\\"]+)['\\"]", text, re.M)
+    if cuda:
+        seen["cuda"] = cuda.group(1)
+except Exception as exc:
+    if "torch" in seen:
+        print(f"gpuci preflight: cannot read torch's CUDA version: {exc}")
+if count_devices:
+    count = 0
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        print(f"gpuci preflight: cannot load libcuda: {exc}")
     else:
-        print(f"gpuci preflight: cuInit returned {status}")
-print(f"gpuci preflight: CUDA sees {count} device(s)")
-open(sys.argv[1], "w").write(str(count))
+        status = lib.cuInit(0)
+        n = ctypes.c_int(0)
+        if status == 0 and lib.cuDeviceGetCount(ctypes.byref(n)) == 0:
+            count = n.value
+        else:
+            print(f"gpuci preflight: cuInit returned {status}")
+    print(f"gpuci preflight: CUDA sees {count} device(s)")
+    seen["devices"] = count
+print("gpuci preflight: " + ", ".join(f"{k} {v}" for k, v in seen.items() if k != "devices"))
+with open(out, "w") as f:
+    json.dump(seen, f)
 """
 
 
 def _fresh_workdir(work_root: Path, run_id: str) -> Path:
-    """A new directory `<run_id>-<random>` that no earlier run can have touched."""
+    """A new directory `<run_id>-<random>` that no earlier run can have touched. The root and
+    the directory can be passed through but not listed by a run's user (mode 711)."""
     work_root.mkdir(parents=True, exist_ok=True)
+    if work_root.stat().st_uid == os.geteuid():
+        work_root.chmod(0o711)
     safe_id = re.sub(r"[^A-Za-z0-9._-]", "_", run_id)[:80]
     workdir = work_root / f"{safe_id}-{secrets.token_hex(6)}"
     workdir.mkdir(mode=0o700)
+    workdir.chmod(0o711)
     return workdir
 
 
-def _chown_tree(root: Path, user: _User, keep: Path) -> None:
-    """Hand the working directory to the run's user; the log stays the worker's."""
+def _chown_tree(root: Path, user: _User) -> None:
+    """Hand a directory of the run's to its user."""
     for path in [root, *root.rglob("*")]:
-        if path != keep:
-            os.chown(path, user.uid, user.gid, follow_symlinks=False)
+        os.chown(path, user.uid, user.gid, follow_symlinks=False)
 
 
 class CappedLog:

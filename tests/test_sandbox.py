@@ -1,0 +1,378 @@
+"""Every run in its own sandbox and its own environment, attacked as a hostile test would: real
+bubblewrap, real virtual environments layered on a real base, real installs from local wheels,
+real pytest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.config import Batch, Config, Runtime
+from tests.missing_tools import skip_missing
+from tests.packages import module_wheel
+from workers import sandbox
+from workers.envs import find_uv
+from workers.runner import Environment, RunOutcome, RunRequest, run_batch
+
+HERE_SITE = next(p for p in sys.path if p.endswith("site-packages"))  # the worker's packages
+
+
+@pytest.fixture(scope="session")
+def bwrap() -> str:
+    found = shutil.which("bwrap")
+    if found is None:
+        skip_missing("bubblewrap is not installed: apt-get install -y bubblewrap")
+    host = sandbox.SandboxHost(found)
+    sandbox.probe(host)
+    return found
+
+
+@pytest.fixture(scope="session")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """basepkg 1.0 (in the base) and 2.0 (what a PR installs), without a network."""
+    directory = tmp_path_factory.mktemp("wheels")
+    module_wheel(directory, "basepkg", "1.0")
+    module_wheel(directory, "basepkg", "2.0")
+    return directory
+
+
+@pytest.fixture(scope="session")
+def base(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Path:
+    """A base environment as a host prepares one: its own packages (basepkg 1.0), and pytest
+    from the worker's environment (a .pth, as no download is allowed)."""
+    root = tmp_path_factory.mktemp("base") / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    site = root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    (site / "worker.pth").write_text(HERE_SITE + "\n")
+    wheel = wheels / "basepkg-1.0-py3-none-any.whl"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), wheel],
+        check=True,
+    )
+    return root / "bin" / "python"
+
+
+def base_site(python: Path) -> Path:
+    return next(python.parent.parent.glob("lib/python*/site-packages"))
+
+
+def tree_digest(root: Path) -> str:
+    """Every path, mode and content under `root`: any change shows."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        digest.update(f"{path.relative_to(root)}:{info.st_mode}".encode())
+        if path.is_file() and not path.is_symlink():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def request(
+    tmp_path: Path,
+    source: Path,
+    base: Path,
+    *,
+    bwrap: str | None,
+    runtime: Runtime | None = None,
+    env: dict[str, str] | None = None,
+    uv: str | None = None,
+    read_only: tuple[Path, ...] = (),
+    **changes: Any,
+) -> RunRequest:
+    runtime = runtime or Runtime("default")
+    batch = Batch(name="2", gpus=0, tests=("tests",), timeout_s=60, env=env or {})
+    config = Config(
+        version=1,
+        batches={"2": batch},
+        runtimes={runtime.name: runtime},
+        default_runtime=runtime.name,
+        env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+    )
+    made = RunRequest(
+        run_id="run-1",
+        batch=batch,
+        config=config,
+        source=source,
+        gpu_indices=(),
+        work_root=tmp_path / "work",
+        kill_grace_s=1.0,
+        load_report_plugin=False,
+        environment=Environment(str(base), "test-base", uv),
+        sandbox=sandbox.SandboxHost(bwrap, read_only=tuple(map(str, read_only))) if bwrap else None,
+    )
+    return replace(made, **changes)
+
+
+def repo(root: Path, tests: dict[str, str]) -> Path:
+    for name, code in tests.items():
+        path = root / "tests" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(code)
+    return root
+
+
+def junit_counts(outcome: RunOutcome) -> tuple[int, int]:
+    """(tests, failures) from the run's JUnit file."""
+    assert outcome.junit_path is not None, outcome.log_tail
+    text = outcome.junit_path.read_text()
+    tests = int(text.split('tests="')[1].split('"')[0])
+    failures = int(text.split('failures="')[1].split('"')[0])
+    return tests, failures
+
+
+def marked_processes(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+# --- a hostile test, and what it gets ----------------------------------------------------------
+
+SUITES = Path(__file__).parent / "suites"
+
+
+def suite(root: Path, name: str, as_name: str) -> Path:
+    """A repository whose tests are `tests/suites/<name>`, as `tests/<as_name>`."""
+    return repo(root, {as_name: (SUITES / name).read_text()})
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.5)
+    yield server
+    server.close()
+
+
+def test_hostile_run_gets_nothing_and_leaves_nothing(
+    tmp_path: Path, bwrap: str, base: Path, listener: socket.socket
+) -> None:
+    secret = tmp_path / "worker-home" / ".netrc"
+    secret.parent.mkdir()
+    secret.write_text("machine redis password TOPSECRET-4242")
+    marker = f"gpuci{os.getpid()}x{time.monotonic_ns()}"
+    env = {
+        "BASE_SITE": str(base_site(base)),
+        "WORKER_SITE": HERE_SITE,
+        "SECRET_PATH": str(secret),
+        "WORKER_PID": str(os.getpid()),
+        "WORK_ROOT": str(tmp_path / "work"),
+        "PORT": str(listener.getsockname()[1]),
+        "MARKER": marker,
+    }
+    before = tree_digest(base.parent.parent)
+    offline = Runtime("default", network="none")
+    hostile = suite(tmp_path / "hostile", "hostile_run.py", "test_hostile.py")
+
+    first = run_batch(request(tmp_path, hostile, base, bwrap=bwrap, runtime=offline, env=env))
+    second = run_batch(
+        request(
+            tmp_path, suite(tmp_path / "next", "next_run.py", "test_next.py"), base, bwrap=bwrap
+        )
+    )
+
+    assert junit_counts(first) == (1, 0), first.log_tail
+    found = json.loads((first.workdir / "box" / "src" / "findings.json").read_text())
+    assert found == {
+        "write base site-packages": "denied: OSError",
+        "drop .pth in base": "denied: OSError",
+        "write worker site-packages": "denied: OSError",
+        "drop .pth in own layer": found["drop .pth in own layer"],  # allowed: its own layer
+        "read worker HOME": "denied: FileNotFoundError",
+        "read worker environ": "denied: FileNotFoundError",
+        "list worker processes": "denied: ZeroDivisionError",
+        # Its own directory's path exists, as the mount point of its box; nothing else.
+        "list run directories": f"DONE: [{first.workdir.name!r}]",
+        "connect to the host": "denied: ConnectionRefusedError",  # its own empty network
+    }
+    assert found["drop .pth in own layer"].startswith("DONE")
+    assert "TOPSECRET" not in first.log_path.read_text()
+    with pytest.raises(TimeoutError):
+        listener.accept()  # nothing reached the host's port
+    assert tree_digest(base.parent.parent) == before
+    assert not Path(HERE_SITE, "gpuci_evil.py").exists()
+    assert marked_processes(marker) == []  # the daemon, the PID hopper and the watcher are gone
+    # The next run sees none of it, and its failing test fails.
+    assert junit_counts(second) == (2, 1), second.log_tail
+    assert not (second.workdir / "box" / "src" / "tests" / "conftest.py").exists()
+
+
+def test_concurrent_runs_cannot_read_or_signal_each_other(
+    tmp_path: Path, bwrap: str, base: Path
+) -> None:
+    source = suite(tmp_path / "src", "concurrent_run.py", "test_look.py")
+    outcomes: dict[str, RunOutcome] = {}
+    boxes = {"a": tmp_path / "work-a", "b": tmp_path / "work-b"}
+
+    def run(me: str, other: str) -> None:
+        env = {"ME": me, "OTHER": f"MARK_{other.upper()}", "OTHER_BOX": str(boxes[other])}
+        env[f"MARK_{me.upper()}"] = "1"  # what the other run looks for in /proc/*/environ
+        outcomes[me] = run_batch(
+            request(tmp_path, source, base, bwrap=bwrap, env=env, work_root=boxes[me])
+        )
+
+    threads = [threading.Thread(target=run, args=pair) for pair in (("a", "b"), ("b", "a"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    for me in ("a", "b"):
+        assert junit_counts(outcomes[me]) == (1, 0), outcomes[me].log_tail
+        seen = (outcomes[me].workdir / "box" / "src" / "seen.txt").read_text()
+        # Only its own processes: pytest itself (pid 1 is bwrap's init, not counted).
+        reachable = int(seen.split("reachable=")[1].split()[0])
+        assert f"{me} others=[] " in seen and reachable == 1 and seen.endswith("box=False")
+
+
+def test_a_pr_sees_the_dependency_it_installs_and_the_next_run_does_not(
+    tmp_path: Path, bwrap: str, base: Path, wheels: Path
+) -> None:
+    check = "import basepkg\n\ndef test_version():\n    assert basepkg.__version__ == {!r}\n"
+    install = Runtime(
+        "default", setup=(f"pip install --no-index --find-links {wheels} basepkg==2.0",)
+    )
+    uv = find_uv()
+
+    changed = run_batch(
+        request(tmp_path, repo(tmp_path / "pr", {"test_v.py": check.format("2.0")}), base,
+                bwrap=bwrap, runtime=install, uv=uv, read_only=(wheels,))
+    )  # fmt: skip
+    after = run_batch(
+        request(tmp_path, repo(tmp_path / "main", {"test_v.py": check.format("1.0")}), base,
+                bwrap=bwrap, uv=uv)
+    )  # fmt: skip
+
+    assert junit_counts(changed) == (1, 0), changed.log_tail
+    assert junit_counts(after) == (1, 0), after.log_tail
+    assert changed.runtime["installer"] == ("uv" if uv else "pip")
+    assert changed.runtime["sandbox"] == "bubblewrap"
+
+
+def test_pip_is_the_fallback_without_uv(
+    tmp_path: Path, bwrap: str, base: Path, wheels: Path
+) -> None:
+    check = "import basepkg\n\ndef test_version():\n    assert basepkg.__version__ == '2.0'\n"
+    install = Runtime(
+        "default", setup=(f"pip install --no-index --find-links {wheels} basepkg==2.0",)
+    )
+    source = repo(tmp_path / "pr", {"test_v.py": check})
+
+    outcome = run_batch(
+        request(tmp_path, source, base, bwrap=bwrap, runtime=install, uv=None, read_only=(wheels,))
+    )
+
+    assert junit_counts(outcome) == (1, 0), outcome.log_tail
+    assert outcome.runtime["installer"] == "pip"
+
+
+def test_an_expected_version_that_is_not_there_fails_setup_naming_both(
+    tmp_path: Path, bwrap: str, base: Path
+) -> None:
+    runtime = Runtime("qualified", expect={"python": "2.7", "torch": "2.13"})
+    source = repo(tmp_path / "src", {"test_ok.py": "def test_ok():\n    pass\n"})
+
+    outcome = run_batch(request(tmp_path, source, base, bwrap=bwrap, runtime=runtime))
+
+    found = ".".join(map(str, sys.version_info[:3]))
+    assert outcome.preflight_error == f"runtime qualified expects python 2.7, found {found}"
+    assert outcome.junit_path is None  # pytest did not run
+    assert outcome.runtime["python"] == found
+
+
+def test_no_network_without_a_sandbox_is_refused(tmp_path: Path, base: Path) -> None:
+    source = repo(tmp_path / "src", {"test_ok.py": "def test_ok():\n    pass\n"})
+    offline = Runtime("default", network="none")
+
+    outcome = run_batch(request(tmp_path, source, base, bwrap=None, runtime=offline))
+
+    assert outcome.setup_failed
+    assert "network: none needs the sandbox" in outcome.log_tail
+
+
+def test_a_missing_base_fails_the_run_saying_so(tmp_path: Path, bwrap: str) -> None:
+    source = repo(tmp_path / "src", {"test_ok.py": "def test_ok():\n    pass\n"})
+
+    outcome = run_batch(request(tmp_path, source, tmp_path / "nope" / "python", bwrap=bwrap))
+
+    assert outcome.setup_failed
+    assert f"base interpreter {tmp_path / 'nope' / 'python'} does not exist" in outcome.log_tail
+
+
+# --- the sandbox itself ------------------------------------------------------------------------
+
+
+def test_only_the_leased_gpus_device_nodes_are_there(tmp_path: Path, bwrap: str) -> None:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ["nvidia0", "nvidia1", "nvidia2", "nvidia3", *sandbox.NVIDIA_CONTROL_NODES]:
+        (dev / name).write_text("")
+    box = tmp_path / "box"
+    (box / "tmp").mkdir(parents=True)
+    host = sandbox.SandboxHost(bwrap, dev_root=dev)
+
+    shown = subprocess.run(
+        sandbox.command(host, sandbox.Box(box, gpu_minors=(1, 3)), ["ls", "/dev"], box),
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    none = subprocess.run(
+        sandbox.command(host, sandbox.Box(box), ["ls", "/dev"], box),
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+
+    assert [n for n in shown if n.startswith("nvidia")] == [
+        "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools", "nvidia1", "nvidia3", "nvidiactl",
+    ]  # fmt: skip
+    assert [n for n in none if n.startswith("nvidia")] == []  # a CPU batch gets none
+
+
+def test_hidden_paths_and_everything_outside_the_system_are_absent(
+    tmp_path: Path, bwrap: str
+) -> None:
+    settings = tmp_path / "etc-gpuci"
+    settings.mkdir()
+    (settings / "gpuci.env").write_text("REDIS_URL=redis://:pw@host")
+    box = tmp_path / "box"
+    (box / "tmp").mkdir(parents=True)
+    host = sandbox.SandboxHost(bwrap, hidden=(str(settings),))
+    script = (
+        f"ls {settings}; ls {tmp_path}; ls /root /home /run /var 2>&1 | head -c 2000; "
+        "touch /usr/gpuci-probe 2>&1; touch /tmp/t && touch own && echo own-box-ok"
+    )
+
+    shown = subprocess.run(
+        sandbox.command(host, sandbox.Box(box), ["sh", "-c", script], box),
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+    out = shown.stdout + shown.stderr
+    assert "gpuci.env" not in out  # hidden, although under a mounted directory
+    assert "No such file or directory" in out  # /root, /home, /run, /var are not there
+    assert "Read-only file system" in out  # the system directories are read-only
+    assert "own-box-ok" in out and (box / "own").exists() and not (box / "tmp" / "t").exists()
+
+
+def test_resolve_kind_needs_an_explicit_none_to_run_unsandboxed() -> None:
+    assert sandbox.resolve_kind("none") == "none"
+    with pytest.raises(sandbox.SandboxError, match="is not one of auto, bwrap, none"):
+        sandbox.resolve_kind("off")
+    if shutil.which("bwrap"):
+        assert sandbox.resolve_kind("") == sandbox.resolve_kind("auto") == "bwrap"
