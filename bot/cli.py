@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     gpus = sub.add_parser("gpus", help="this host's GPUs, idle or why not; exit 2 if unusable")
     gpus.add_argument("--json", action="store_true", help="print a hosts inventory (JSON)")
+    gpus.add_argument(
+        "--runtimes",
+        action="store_true",
+        help='with --json: each host as {"gpus": [...], "runtimes": [...]} (its bases, engine)',
+    )
     gpus.set_defaults(handler=cmd_gpus)
 
     run = sub.add_parser("run-batch", help="run one batch on this host exactly as a worker would")
@@ -231,12 +237,31 @@ def cmd_gpus(args: argparse.Namespace, settings: Settings) -> int:
         interval_s=settings.idle_sample_interval_s,
         idle_memory_mb=settings.idle_memory_mb,
     )
-    if args.json:
-        print(json.dumps({settings.host: [inventory_entry(s) for s in states]}, indent=2))
+    runtimes = _host_runtimes(settings)
+    entries = [inventory_entry(s) for s in states]
+    if args.json and args.runtimes:
+        provides = runtimes.provides() if not isinstance(runtimes, str) else []
+        print(json.dumps({settings.host: {"gpus": entries, "runtimes": provides}}, indent=2))
+    elif args.json:
+        print(json.dumps({settings.host: entries}, indent=2))
     else:
         print(f"{settings.host} ({backend.describe()})")
         print(render_gpu_table(states))
+        shown = runtimes if isinstance(runtimes, str) else runtimes.describe()
+        print(f"runtimes: {shown}")
+    if isinstance(runtimes, str):
+        print(f"gpuci gpus: {runtimes}", file=sys.stderr)
     return EXIT_OK
+
+
+def _host_runtimes(settings: Settings) -> Any:
+    """The host's runtimes (workers.runtimes.HostRuntimes), or why its file is unusable."""
+    from workers.runtimes import RuntimesError, load_host_runtimes
+
+    try:
+        return load_host_runtimes(settings.runtimes_file, sys.executable)
+    except RuntimesError as exc:
+        return str(exc)
 
 
 def cmd_run_batch(args: argparse.Namespace, settings: Settings) -> int:
@@ -341,8 +366,10 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from redis.exceptions import RedisError
     from rq.worker_pool import WorkerPool
 
+    from workers.cleanup import sweep_workdirs
     from workers.gpus import GpuBackendError, open_backend
     from workers.host import HostHeartbeat, HostWorker, host_queue, publish_host, recover_host_runs
+    from workers.hostsetup import HostSetup, HostSetupError
 
     host = args.host or settings.host
     os.environ["GPUCI_HOST"] = host  # the pool's forked workers read their settings again
@@ -350,12 +377,17 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     try:
         backend = open_backend(settings.gpu_backend)
         slots = args.slots or len(backend.snapshot()) + 1
-    except GpuBackendError as exc:
+        setup = HostSetup.from_settings(settings)
+    except (GpuBackendError, HostSetupError) as exc:
         print(f"gpuci worker: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
+    for warning in setup.warnings:
+        print(f"gpuci worker: WARNING: {warning}", file=sys.stderr)
+    sweep_workdirs(Path(settings.work_dir), time.time())
+    provides = setup.runtimes.provides()
     conn = Redis.from_url(settings.redis_url)
     try:
-        publish_host(conn, settings, backend, slots)
+        publish_host(conn, settings, backend, slots, provides)
         lost = recover_host_runs(conn, host)
     except RedisError as exc:
         print(
@@ -364,12 +396,13 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_UNUSABLE
     _log_to_stderr(settings)
     print(f"gpuci worker: {host} ({backend.describe()}), {slots} slots, queue {host_queue(host)}")
+    print(f"gpuci worker: {setup.describe()}")
     if lost:
         print(
             f"gpuci worker: runs {', '.join(lost)} were running when {host} last stopped: "
             "re-queued once, or failed"
         )
-    heartbeat = HostHeartbeat(conn, settings, backend, slots)
+    heartbeat = HostHeartbeat(conn, settings, backend, slots, provides)
     heartbeat.start()
     try:
         # HostWorker: a Redis restart while a batch runs is waited out, not fatal to the worker

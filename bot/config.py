@@ -1090,7 +1090,9 @@ def _line_of(mark: Any) -> int:
 def load_hosts(text: str, filename: str) -> dict[str, list[HostGpu]]:
     """Host name -> its GPUs, from inventory JSON; per-GPU keys beyond the three used are ignored.
 
-    Memory is `memory_mb` (MiB) or `memory_gb` (decimal GB, rounded down to MiB).
+    A host is a list of GPUs, or `{"gpus": [...], "runtimes": ["base:default", ...]}` (what
+    `gpuci gpus --json --runtimes` prints). Memory is `memory_mb` (MiB) or `memory_gb`
+    (decimal GB, rounded down to MiB).
     """
     try:
         data = json.loads(text)
@@ -1106,10 +1108,47 @@ def load_hosts(text: str, filename: str) -> dict[str, list[HostGpu]]:
     if not isinstance(data, dict):
         report("", 'expected an object of host name -> list of GPUs, e.g. {"h20-01": [...]}')
         raise ConfigError(issues)
-    hosts = {name: _host_gpus(name, gpus, report) for name, gpus in data.items()}
+    hosts = {name: _host_gpus(name, _gpus_of(entry), report) for name, entry in data.items()}
     if issues:
         raise ConfigError(issues)
     return hosts
+
+
+def _gpus_of(entry: Any) -> Any:
+    return entry.get("gpus") if isinstance(entry, dict) else entry
+
+
+def inventory_runtimes(text: str) -> dict[str, frozenset[str]]:
+    """Host name -> the runtimes it provides, from a valid inventory; a host given as a plain
+    list of GPUs (or without `runtimes`) provides only the default base."""
+    data = json.loads(text)
+    provides = {}
+    for name, entry in data.items():
+        listed = entry.get("runtimes") if isinstance(entry, dict) else None
+        if isinstance(listed, list) and all(isinstance(r, str) for r in listed):
+            provides[name] = frozenset(listed)
+        else:
+            provides[name] = frozenset({f"base:{DEFAULT_BASE}"})
+    return provides
+
+
+def check_runtimes(
+    config: Config, provides: Mapping[str, frozenset[str]], filename: str
+) -> list[ConfigIssue]:
+    """One issue per batch whose runtime no host in the inventory provides."""
+    issues = []
+    for name in natural_sort(config.batches):
+        runtime = config.runtime_for(config.batches[name])
+        if any(runtime.requirement in found for found in provides.values()):
+            continue
+        path = f"batches.{name}"
+        what = "a container engine" if runtime.image else f"base {runtime.base or DEFAULT_BASE}"
+        reason = (
+            f"batch {name} uses runtime {runtime.name}, which needs {what}; no host in the "
+            "inventory provides it (hosts list theirs with gpuci gpus --json --runtimes)"
+        )
+        issues.append(ConfigIssue(filename, config.lines.get(path), path, reason))
+    return issues
 
 
 def _host_gpus(host: str, gpus: Any, report: Callable[[str, str], None]) -> list[HostGpu]:
@@ -1256,35 +1295,42 @@ def check_file(path: Path, hosts_path: Path | None = None) -> list[ConfigIssue]:
     A batch is checked against hosts even when the file has other errors, as long as its `gpus`
     and GPU constraints were read validly; an inventory with errors checks no batch.
     """
-    issues, batches, lines = _check_config(path)
+    issues, batches, lines, config = _check_config(path)
     if hosts_path is None:
         return issues
-    hosts = _check_inventory(hosts_path)
-    if isinstance(hosts, list):
-        return issues + hosts
-    return sorted(issues + check_hosts(batches, lines, hosts, str(path)), key=_by_line)
+    inventory = _check_inventory(hosts_path)
+    if isinstance(inventory, list):
+        return issues + inventory
+    hosts, provides = inventory
+    found = issues + check_hosts(batches, lines, hosts, str(path))
+    if config is not None:  # runtimes are checked once the whole file reads
+        found += check_runtimes(config, provides, str(path))
+    return sorted(found, key=_by_line)
 
 
 def _check_config(
     path: Path,
-) -> tuple[list[ConfigIssue], Mapping[str, Batch], Mapping[str, int]]:
-    """The file's issues, and the batches (with key lines) that a hosts check can use."""
+) -> tuple[list[ConfigIssue], Mapping[str, Batch], Mapping[str, int], Config | None]:
+    """The file's issues, the batches (with key lines) that a hosts check can use, and the
+    config when it is valid."""
     text = _read(path)
     if isinstance(text, ConfigIssue):
-        return [text], {}, {}
+        return [text], {}, {}, None
     try:
         config = load_config(text, str(path))
     except ConfigError as exc:
-        return exc.issues, exc.batches, exc.lines
-    return [], config.batches, config.lines
+        return exc.issues, exc.batches, exc.lines, None
+    return [], config.batches, config.lines, config
 
 
-def _check_inventory(path: Path) -> dict[str, list[HostGpu]] | list[ConfigIssue]:
+def _check_inventory(
+    path: Path,
+) -> tuple[dict[str, list[HostGpu]], dict[str, frozenset[str]]] | list[ConfigIssue]:
     text = _read(path)
     if isinstance(text, ConfigIssue):
         return [text]
     try:
-        return load_hosts(text, str(path))
+        return load_hosts(text, str(path)), inventory_runtimes(text)
     except ConfigError as exc:
         return exc.issues
 

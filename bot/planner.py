@@ -28,6 +28,8 @@ class PendingRun:
     priority: int
     enqueued_at: float
     expected_s: float
+    needs: str = "base:default"  # the runtime a host must provide (`Runtime.requirement`)
+    runtime: str = "default"  # the profile's name, for wait reasons
 
     @property
     def gpu_seconds(self) -> float:
@@ -56,6 +58,8 @@ class HostView:
     busy_until: Mapping[int, float | None] = field(default_factory=dict)
     alive: bool = True
     free_slots: int | None = None  # runs the host can still take at once (None: no limit)
+    provides: frozenset[str] = frozenset({"base:default"})  # runtimes (`Runtime.requirement`)
+    refusing: str = ""  # why the host takes no new runs now (a full disk), or ""
 
 
 @dataclass(frozen=True)
@@ -166,16 +170,25 @@ class _Board:
         self.free = {h.name: set(h.idle) & set(self.slots[h.name]) for h in hosts}
         self.ends = {h.name: _known_ends(h) for h in hosts}
         self.slots_left = {h.name: h.free_slots for h in hosts}
+        self.provides = {h.name: h.provides for h in hosts}
+        self.refusing = {h.name: h.refusing for h in hosts}
 
     def matching(self, host: str, batch: Batch) -> list[int]:
         """Indices of the host's GPUs that meet the batch's constraints."""
         return sorted(i for i, gpu in self.slots[host].items() if gpu_matches(batch, gpu))
 
+    def takes(self, host: str, run: PendingRun) -> bool:
+        """Whether the host can start the run at all now: a free run slot, room on its disk,
+        the run's runtime."""
+        return (
+            self.slots_left[host] != 0
+            and not self.refusing[host]
+            and run.needs in self.provides[host]
+        )
+
     def usable(self, host: str, run: PendingRun, hold: Reservation | None) -> list[int]:
         """Free matching GPUs the run may take, reserved ones last: a run may borrow those
         only if it is expected to end by the time the reservation starts."""
-        if self.slots_left[host] == 0:
-            return []  # every run slot of the host is taken: nothing more starts there now
         held = set(hold.gpu_indices) if hold and hold.host == host else set()
         may_borrow = hold is None or self.now + run.expected_s <= hold.start_at
         free = [i for i in self.matching(host, run.batch) if i in self.free[host]]
@@ -184,7 +197,11 @@ class _Board:
 
     def best_fit(self, run: PendingRun, hold: Reservation | None) -> tuple[str, list[int]] | None:
         """The host leaving the fewest usable, then fewest free GPUs over, and its usable GPUs."""
-        fits = [(h, u) for h in self.names if len(u := self.usable(h, run, hold)) >= run.batch.gpus]
+        fits = [
+            (h, u)
+            for h in self.names
+            if self.takes(h, run) and len(u := self.usable(h, run, hold)) >= run.batch.gpus
+        ]
         return min(fits, key=lambda f: (len(f[1]), len(self.free[f[0]])), default=None)
 
     def place(self, run: PendingRun, hold: Reservation | None) -> Assignment | None:
@@ -261,6 +278,9 @@ def _wait_reason(
     need = _need(run.batch)
     if not board.names:
         return "no GPU host is alive"
+    unprovided = _runtime_wait(run, hosts)
+    if unprovided:
+        return unprovided
     down = _only_down_hosts_can_run(run.batch, hosts)
     if down:
         return f"waiting for {need}: only {down} can run it, and it is not alive"
@@ -275,6 +295,18 @@ def _wait_reason(
     return f"waiting for {need}; " + (
         f"largest idle set: {count} on {host}" if count else "none is idle"
     )
+
+
+def _runtime_wait(run: PendingRun, hosts: Sequence[HostView]) -> str:
+    """Why no alive host can take the run whatever its GPUs: its runtime, or full disks."""
+    alive = [h for h in hosts if h.alive]
+    having = [h for h in alive if run.needs in h.provides]
+    if not having:
+        what = run.needs.split(":", 1)[1] if run.needs.startswith("base:") else "containers"
+        return f"waiting: no host provides runtime {run.runtime} ({what})"
+    if all(h.refusing for h in having):
+        return "waiting: " + "; ".join(f"{h.name} takes no runs: {h.refusing}" for h in having)
+    return ""
 
 
 def _only_down_hosts_can_run(batch: Batch, hosts: Sequence[HostView]) -> str:

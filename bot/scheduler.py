@@ -76,7 +76,11 @@ def host_views(conn: Redis, now: float) -> list[HostView]:
         alive = bool(conn.exists(keys.host_alive(name)))
         view = _view(conn, name, gpus, alive, now)
         slots = int(record.get(b"slots", b"0") or 0) if record else 0
-        views.append(replace(view, free_slots=max(0, slots - busy[name])) if slots else view)
+        if slots:
+            view = replace(view, free_slots=max(0, slots - busy[name]))
+        provides = json.loads(record.get(b"runtimes", b'["base:default"]')) if record else []
+        refusing = _text(record.get(b"refusing", b"")) if record else ""
+        views.append(replace(view, provides=frozenset(provides), refusing=refusing))
     return views
 
 
@@ -118,9 +122,17 @@ def pending_view(conn: Redis, report_: TickReport) -> list[PendingRun]:
             _fail(conn, run, f"batch {run.batch} cannot be read from the config: {exc}", report_)
             continue
         priority = PRIORITIES.get(run.trigger, Priority.COMMAND)
+        runtime = _config(run.config_text).runtime_for(batch)
+        expected = expected_seconds(conn, run, batch)
         found.append(
             PendingRun(
-                run.run_id, batch, priority, run.created_at, expected_seconds(conn, run, batch)
+                run.run_id,
+                batch,
+                priority,
+                run.created_at,
+                expected,
+                needs=runtime.requirement,
+                runtime=runtime.name,
             )
         )
     return found

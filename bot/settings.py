@@ -7,6 +7,8 @@ import socket
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from bot.config import parse_duration, parse_size
+
 
 class SettingsError(ValueError):
     """A setting is present but unusable; the message names the variable and what it expects."""
@@ -56,6 +58,31 @@ class Settings:
     log_max_bytes: int = 5 * 1024 * 1024
     # Run test processes as this unprivileged user (empty: as the worker's own user).
     run_as: str = ""
+    # The sandbox of every run: `auto` (bubblewrap, and the worker refuses to start without
+    # it), `bwrap`, or `none` (tests run unsandboxed: a warning at start; never for fork code).
+    sandbox: str = "auto"
+    # Extra host paths runs may read, comma-separated (datasets, toolkits, a local wheelhouse).
+    sandbox_read_only: str = ""
+    # Host paths runs must not see although they are under /etc or /usr, comma-separated
+    # (/etc/gpuci is always hidden).
+    sandbox_hide: str = ""
+    # This host's runtimes file: its base environments and container engine (docs/deploy.md).
+    # Empty: the only base is `default`, the worker's own Python.
+    runtimes_file: str = ""
+    # uv for installs in runs' environments: a path, empty to find it (beside the worker's
+    # Python, then on PATH), or `none` to use pip.
+    uv: str = ""
+    # Where runtimes' caches persist (per repository and runtime); empty: beside work_dir.
+    cache_dir: str = ""
+    # Size limit of each cache a runtime does not size itself (least recently used go first).
+    cache_max_size: str = "20GiB"
+    # Size limit of the cache of source archives.
+    archive_cache_max_size: str = "10GiB"
+    # How long a failed run's directory is kept for debugging (0: removed at once, as a
+    # successful run's is).
+    keep_failed_runs: str = "24h"
+    # Below this much free space where runs' directories are, the host takes no new runs.
+    min_free_disk: str = "10GiB"
     # Log lines of the processes: "text" (key=value pairs) or "json" (one object a line).
     log_format: str = "text"
     # Largest accepted webhook body, bytes (GitHub caps payloads at 25 MB).
@@ -75,12 +102,48 @@ class Settings:
                 continue
             values[field.name] = _convert(name, env[name], field.default)
         settings = cls(**values)  # type: ignore[arg-type]
+        _check_units(settings)
         if not settings.host:
             settings = _replace(settings, host=socket.gethostname())
         if not settings.work_dir:
             cache = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache")
             settings = _replace(settings, work_dir=str(cache / "gpuci" / "runs"))
+        if not settings.cache_dir:
+            settings = _replace(settings, cache_dir=str(Path(settings.work_dir).parent / "caches"))
         return settings
+
+    def bytes_of(self, name: str) -> int:
+        """A size setting in bytes (`cache_max_size`, `min_free_disk`, ...)."""
+        return parse_size(getattr(self, name)) * 1024 * 1024
+
+    def seconds_of(self, name: str) -> int:
+        """A duration setting in seconds; `0` is 0."""
+        value = getattr(self, name).strip()
+        return 0 if value == "0" else parse_duration(value)
+
+    def paths_of(self, name: str) -> tuple[str, ...]:
+        """A comma-separated list of paths."""
+        return tuple(p.strip() for p in getattr(self, name).split(",") if p.strip())
+
+
+_SIZES = ("cache_max_size", "archive_cache_max_size", "min_free_disk")
+_DURATIONS = ("keep_failed_runs",)
+
+
+def _check_units(settings: Settings) -> None:
+    """Sizes and durations are read here, so that a typo stops the process at start."""
+    for name in _SIZES:
+        try:
+            parse_size(getattr(settings, name))
+        except ValueError as exc:
+            raise SettingsError(f"{_env_name(name)}: {exc}") from None
+    for name in _DURATIONS:
+        value = getattr(settings, name)
+        try:
+            if value.strip() != "0":
+                parse_duration(value)
+        except ValueError as exc:
+            raise SettingsError(f"{_env_name(name)}: {exc}") from None
 
 
 def _env_name(field_name: str) -> str:

@@ -13,7 +13,7 @@ import pytest
 import requests
 from redis import Redis
 
-pytest_plugins = ["tests.missing_tools"]
+pytest_plugins = ["tests.missing_tools", "tests.sandboxing"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_REPO = ROOT / "examples" / "sample-repo"

@@ -22,6 +22,7 @@ from bot.config import (
     cron_problem,
     format_duration,
     gpu_matches,
+    inventory_runtimes,
     load_config,
     load_hosts,
     natural_sort,
@@ -884,3 +885,37 @@ def test_a_version_keeps_its_spelling() -> None:
     config = load_config(BASE + "runtimes: {t: {expect: {torch: 2.10, cuda: 13.0}}}\n")
 
     assert config.runtimes["t"].expect == {"torch": "2.10", "cuda": "13.0"}
+
+
+def test_config_check_names_each_batch_whose_runtime_no_host_provides(tmp_path: Path) -> None:
+    config = tmp_path / ".gpuci.yml"
+    config.write_text(RUNTIMES_EXAMPLE)
+    gpu = {"name": "NVIDIA H20", "memory_gb": 96, "compute_capability": "9.0"}
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(
+        json.dumps(
+            {
+                "plain-01": [gpu] * 8,  # today's form: the default base only
+                "torch-01": {
+                    "gpus": [gpu] * 8,
+                    "runtimes": ["base:default", "base:torch2.13-cu13.0"],
+                },
+            }
+        )
+    )
+
+    issues = [str(i) for i in check_file(config, hosts)]
+
+    assert issues == [
+        f"{config}:17: batches.trl: batch trl uses runtime trl, which needs a container engine; "
+        "no host in the inventory provides it (hosts list theirs with gpuci gpus --json "
+        "--runtimes)"
+    ]
+
+
+def test_an_inventory_host_may_be_an_object_with_its_gpus() -> None:
+    gpu = {"name": "NVIDIA H20", "memory_gb": 96, "compute_capability": "9.0"}
+    text = json.dumps({"h": {"gpus": [gpu], "runtimes": ["image"]}, "old": [gpu]})
+
+    assert load_hosts(text, "hosts.json") == {"h": [H20], "old": [H20]}
+    assert inventory_runtimes(text) == {"h": {"image"}, "old": {"base:default"}}

@@ -340,6 +340,9 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
         return self._answer("nvmlDeviceGetComputeRunningProcesses", handle, self.processes[handle])
 
+    def nvmlDeviceGetMinorNumber(self, handle: int) -> int:
+        return self._answer("nvmlDeviceGetMinorNumber", handle, handle + 4)  # not the index
+
 
 def test_nvml_backend_reads_every_gpu() -> None:
     nvml = FakeNvml()
@@ -359,6 +362,7 @@ def test_nvml_backend_reads_every_gpu() -> None:
         compute_capability="9.0",
         driver_version="550.54.15",
         cuda_version="12.4",
+        minor_number=4,
     )
     assert second.processes == (GpuProcess(4242, 30000, "python"), GpuProcess(999, None, ""))
     assert not backend.simulated
@@ -466,3 +470,14 @@ def test_gpu_table_says_idle_or_why_not(tmp_path: Path) -> None:
     )
     assert broken.split()[:2] == ["2", "?"]
     assert "busy: NVML error: bad simulated GPU entry" in broken
+
+
+def test_an_unknown_minor_number_leaves_the_gpu_usable_but_without_a_device_node() -> None:
+    nvml = FakeNvml(
+        {("nvmlDeviceGetMinorNumber", 1): pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)}
+    )
+
+    first, second = NvmlBackend(nvml=nvml).snapshot()
+
+    assert (first.minor_number, second.minor_number) == (4, None)
+    assert second.error is None  # a sandboxed run refuses it; an unsandboxed one may use it

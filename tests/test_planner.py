@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -263,7 +264,62 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("hosts", "pending", "expected"), CASES)
+TORCH = "base:torch2.13-cu13.0"
+
+
+def replace_needs(pending: PendingRun, needs: str, runtime: str) -> PendingRun:
+    return replace(pending, needs=needs, runtime=runtime)
+
+
+def torch_run(run_id: str, gpus: int = 1) -> PendingRun:
+    return replace_needs(run(run_id, gpus), TORCH, "torch")
+
+
+def with_runtimes(view: HostView, *provides: str, refusing: str = "") -> HostView:
+    return replace(view, provides=frozenset(provides), refusing=refusing)
+
+
+RUNTIME_CASES = [
+    pytest.param(
+        [host("plain"), with_runtimes(host("qualified", 2), "base:default", TORCH)],
+        [torch_run("t", 2), run("p")],
+        {"t": "qualified:0,1", "p": "plain:0"},
+        id="a-run-goes-only-where-its-runtime-is",
+    ),
+    pytest.param(
+        [host("plain")],
+        [torch_run("t")],
+        {"t": "wait: waiting: no host provides runtime torch (torch2.13-cu13.0)"},
+        id="no-host-provides-the-runtime",
+    ),
+    pytest.param(
+        [with_runtimes(host("h1"), "base:default", "image")],
+        [replace_needs(run("c"), "image", "trl")],
+        {"c": "h1:0"},
+        id="an-image-runtime-needs-a-host-with-an-engine",
+    ),
+    pytest.param(
+        [host("plain")],
+        [replace_needs(run("c"), "image", "trl")],
+        {"c": "wait: waiting: no host provides runtime trl (containers)"},
+        id="no-host-has-a-container-engine",
+    ),
+    pytest.param(
+        [with_runtimes(host("full"), "base:default", refusing="only 2.0 GiB free on /var")],
+        [run("p")],
+        {"p": "wait: waiting: full takes no runs: only 2.0 GiB free on /var"},
+        id="a-full-disk-takes-no-runs",
+    ),
+    pytest.param(
+        [with_runtimes(host("full"), "base:default", refusing="disk"), host("h2", 1)],
+        [run("p")],
+        {"p": "h2:0"},
+        id="another-host-takes-it",
+    ),
+]
+
+
+@pytest.mark.parametrize(("hosts", "pending", "expected"), CASES + RUNTIME_CASES)
 def test_plan(hosts: list[HostView], pending: list[PendingRun], expected: dict[str, str]) -> None:
     assert outcome(plan(pending, hosts, NOW)) == expected
 

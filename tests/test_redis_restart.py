@@ -200,6 +200,8 @@ def stack(
         monkeypatch.setenv("GPUCI_WORK_DIR", str(tmp_path / "runs"))
         monkeypatch.setenv("GPUCI_IDLE_SAMPLE_INTERVAL_S", "0")
         monkeypatch.setenv("GPUCI_KILL_GRACE_S", "1")
+        # The gated tests talk to this test through host files, which a sandbox would hide.
+        monkeypatch.setenv("GPUCI_SANDBOX", "none")
         # renewed every 5 s: the outage (5.5 to 7 s) fails a renewal; the lease outlives it
         monkeypatch.setenv("GPUCI_LEASE_TTL_S", "15")
         yield found

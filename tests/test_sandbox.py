@@ -4,7 +4,6 @@ real pytest."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -14,137 +13,23 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from bot.config import Batch, Config, Runtime
-from tests.missing_tools import skip_missing
-from tests.packages import module_wheel
+from bot.config import Runtime
+from tests.sandboxing import (
+    HERE_SITE,
+    base_site,
+    junit_counts,
+    marked_processes,
+    repo,
+    request,
+    tree_digest,
+)
 from workers import sandbox
 from workers.envs import find_uv
-from workers.runner import Environment, RunOutcome, RunRequest, run_batch
-
-HERE_SITE = next(p for p in sys.path if p.endswith("site-packages"))  # the worker's packages
-
-
-@pytest.fixture(scope="session")
-def bwrap() -> str:
-    found = shutil.which("bwrap")
-    if found is None:
-        skip_missing("bubblewrap is not installed: apt-get install -y bubblewrap")
-    host = sandbox.SandboxHost(found)
-    sandbox.probe(host)
-    return found
-
-
-@pytest.fixture(scope="session")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """basepkg 1.0 (in the base) and 2.0 (what a PR installs), without a network."""
-    directory = tmp_path_factory.mktemp("wheels")
-    module_wheel(directory, "basepkg", "1.0")
-    module_wheel(directory, "basepkg", "2.0")
-    return directory
-
-
-@pytest.fixture(scope="session")
-def base(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Path:
-    """A base environment as a host prepares one: its own packages (basepkg 1.0), and pytest
-    from the worker's environment (a .pth, as no download is allowed)."""
-    root = tmp_path_factory.mktemp("base") / "env"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    site = root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
-    (site / "worker.pth").write_text(HERE_SITE + "\n")
-    wheel = wheels / "basepkg-1.0-py3-none-any.whl"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), wheel],
-        check=True,
-    )
-    return root / "bin" / "python"
-
-
-def base_site(python: Path) -> Path:
-    return next(python.parent.parent.glob("lib/python*/site-packages"))
-
-
-def tree_digest(root: Path) -> str:
-    """Every path, mode and content under `root`: any change shows."""
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        info = path.lstat()
-        digest.update(f"{path.relative_to(root)}:{info.st_mode}".encode())
-        if path.is_file() and not path.is_symlink():
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def request(
-    tmp_path: Path,
-    source: Path,
-    base: Path,
-    *,
-    bwrap: str | None,
-    runtime: Runtime | None = None,
-    env: dict[str, str] | None = None,
-    uv: str | None = None,
-    read_only: tuple[Path, ...] = (),
-    **changes: Any,
-) -> RunRequest:
-    runtime = runtime or Runtime("default")
-    batch = Batch(name="2", gpus=0, tests=("tests",), timeout_s=60, env=env or {})
-    config = Config(
-        version=1,
-        batches={"2": batch},
-        runtimes={runtime.name: runtime},
-        default_runtime=runtime.name,
-        env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
-    )
-    made = RunRequest(
-        run_id="run-1",
-        batch=batch,
-        config=config,
-        source=source,
-        gpu_indices=(),
-        work_root=tmp_path / "work",
-        kill_grace_s=1.0,
-        load_report_plugin=False,
-        environment=Environment(str(base), "test-base", uv),
-        sandbox=sandbox.SandboxHost(bwrap, read_only=tuple(map(str, read_only))) if bwrap else None,
-    )
-    return replace(made, **changes)
-
-
-def repo(root: Path, tests: dict[str, str]) -> Path:
-    for name, code in tests.items():
-        path = root / "tests" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(code)
-    return root
-
-
-def junit_counts(outcome: RunOutcome) -> tuple[int, int]:
-    """(tests, failures) from the run's JUnit file."""
-    assert outcome.junit_path is not None, outcome.log_tail
-    text = outcome.junit_path.read_text()
-    tests = int(text.split('tests="')[1].split('"')[0])
-    failures = int(text.split('failures="')[1].split('"')[0])
-    return tests, failures
-
-
-def marked_processes(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
-# --- a hostile test, and what it gets ----------------------------------------------------------
+from workers.runner import RunOutcome, run_batch
 
 SUITES = Path(__file__).parent / "suites"
 
@@ -347,15 +232,21 @@ def test_only_the_leased_gpus_device_nodes_are_there(tmp_path: Path, bwrap: str)
 def test_hidden_paths_and_everything_outside_the_system_are_absent(
     tmp_path: Path, bwrap: str
 ) -> None:
-    settings = tmp_path / "etc-gpuci"
+    shared = tmp_path / "datasets"  # a directory the host lets runs read...
+    (shared / "imagenet").mkdir(parents=True)
+    (shared / "imagenet" / "labels.txt").write_text("cat\n")
+    settings = shared / "gpuci"  # ...with the worker's settings inside, hidden
     settings.mkdir()
     (settings / "gpuci.env").write_text("REDIS_URL=redis://:pw@host")
+    key = shared / "app.pem"
+    key.write_text("PRIVATE KEY")
     box = tmp_path / "box"
-    (box / "tmp").mkdir(parents=True)
-    host = sandbox.SandboxHost(bwrap, hidden=(str(settings),))
+    box.mkdir()
+    host = sandbox.SandboxHost(bwrap, read_only=(str(shared),), hidden=(str(settings), str(key)))
     script = (
-        f"ls {settings}; ls {tmp_path}; ls /root /home /run /var 2>&1 | head -c 2000; "
-        "touch /usr/gpuci-probe 2>&1; touch /tmp/t && touch own && echo own-box-ok"
+        f"cat {shared}/imagenet/labels.txt; ls {settings}; cat {key}; echo key-read-done; "
+        f"ls {tmp_path}; ls /root /home /run /var 2>&1 | head -c 2000; "
+        f"touch {shared}/x /usr/gpuci-probe 2>&1; touch /tmp/t && touch own && echo own-box-ok"
     )
 
     shown = subprocess.run(
@@ -364,9 +255,10 @@ def test_hidden_paths_and_everything_outside_the_system_are_absent(
     )  # fmt: skip
 
     out = shown.stdout + shown.stderr
-    assert "gpuci.env" not in out  # hidden, although under a mounted directory
+    assert "cat\n" in out  # the shared data is there, read-only
+    assert "gpuci.env" not in out and "PRIVATE KEY" not in out and "key-read-done" in out
     assert "No such file or directory" in out  # /root, /home, /run, /var are not there
-    assert "Read-only file system" in out  # the system directories are read-only
+    assert out.count("Read-only file system") == 2  # the shared data and the system
     assert "own-box-ok" in out and (box / "own").exists() and not (box / "tmp" / "t").exists()
 
 

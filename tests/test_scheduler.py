@@ -224,3 +224,51 @@ def test_a_restarted_worker_requeues_what_it_was_running(
     assert again.wait_reason == "re-queued: worker restarted on h1"
     still = runs.get_run(redis_conn, assigned.run_id)
     assert still is not None and still.state is RunState.ASSIGNED  # its job is still queued
+
+
+TORCH_CONFIG = CONFIG.replace(
+    "\nbatches:",
+    "\nruntimes:\n  torch: {base: torch2.13-cu13.0, expect: {torch: '2.13'}}\nbatches:",
+    1,
+).replace("cpu: {gpus: 0,", "cpu: {runtime: torch, gpus: 0,", 1)
+
+
+def test_a_run_waits_for_a_host_with_its_runtime_and_says_so(
+    redis_conn: Redis, settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bot.cli import main
+
+    register(redis_conn, settings)  # provides only the default base
+    run = runs.create_run(
+        redis_conn, repo="acme/sample", installation_id=1, pr=7, sha=SHA, batch="cpu",
+        trigger=RunTrigger.PULL_REQUEST, requested_by="maya", config_text=TORCH_CONFIG,
+        trust="trusted",
+    )  # fmt: skip
+
+    tick(redis_conn)
+
+    waiting = runs.get_run(redis_conn, run.run_id)
+    assert waiting is not None and waiting.state is RunState.PENDING
+    reason = "waiting: no host provides runtime torch (torch2.13-cu13.0)"
+    assert waiting.wait_reason.startswith(reason)
+    assert reports(redis_conn) == 1  # the Check Run says it too
+    assert main(["runs"]) == 0
+    assert reason in capsys.readouterr().out
+    backend = open_backend(settings.gpu_backend)
+    publish_host(redis_conn, settings, backend, 9, ["base:default", "base:torch2.13-cu13.0"])
+    assert tick(redis_conn).dispatched == [run.run_id]
+
+
+def test_a_host_with_a_full_disk_takes_no_runs(
+    redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUCI_MIN_FREE_DISK", "1000000TiB")
+    register(redis_conn, Settings.from_env(dotenv=None))
+    run = pending(redis_conn, "cpu")
+
+    tick(redis_conn)
+
+    waiting = runs.get_run(redis_conn, run.run_id)
+    assert waiting is not None and waiting.state is RunState.PENDING
+    assert waiting.wait_reason.startswith(f"waiting: {HOST} takes no runs: only ")
+    assert "below GPUCI_MIN_FREE_DISK" in waiting.wait_reason

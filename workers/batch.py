@@ -17,6 +17,7 @@ from bot.settings import Settings
 from workers import leases
 from workers.checks import CheckOutput, Conclusion, conclude, render_check_output, summary_json
 from workers.gpus import GpuBackend, GpuInfo, GpuState, gpu_states, open_backend
+from workers.hostsetup import HostSetup, HostSetupError, RuntimeUnavailable
 from workers.junit import JUnitError, Summary, parse_junit
 from workers.runner import RunOutcome, RunRequest, resolve_workers, run_batch
 
@@ -60,6 +61,7 @@ class BatchResult:
             log_path=str(self.outcome.log_path),
             junit_path=str(self.outcome.junit_path),
             notes=self.notes,
+            runtime=self.outcome.runtime,
         )
         return data
 
@@ -118,13 +120,27 @@ def run_on_host(
     """Run `batch_name` from `source` on this host's GPUs, leased in Redis for the run."""
     batch = _batch(config, batch_name)
     run_id = f"local-{uuid.uuid4().hex[:12]}"
+    parts = _request_parts(settings, config, batch, source, progress)
     if batch.gpus == 0:
         progress(f"batch {batch.name}: CPU only, no GPUs needed")
-        outcome = _run(settings, config, batch, source, run_id, (), True, None)
+        outcome = _run(settings, config, batch, source, run_id, (), True, None, parts=parts)
         return conclude_run(settings, batch, sha, [], outcome)
     backend = open_backend(settings.gpu_backend)
     conn = (connect or (lambda: Redis.from_url(settings.redis_url)))()
-    return _run_leased(settings, config, batch, source, sha, run_id, backend, conn, progress)
+    return _run_leased(settings, config, batch, source, sha, run_id, backend, conn, progress, parts)
+
+
+def _request_parts(
+    settings: Settings, config: Config, batch: Batch, source: Path, progress: Progress
+) -> dict[str, Any]:
+    """The environment, sandbox and caches this host gives the batch (as a worker would)."""
+    try:
+        setup = HostSetup.from_settings(settings)
+        for warning in setup.warnings:
+            progress(f"WARNING: {warning}")
+        return setup.request_parts(config.runtime_for(batch), f"local/{source.name}", True)
+    except (HostSetupError, RuntimeUnavailable) as exc:
+        raise BatchError(str(exc)) from None
 
 
 def _batch(config: Config, name: str) -> Batch:
@@ -144,6 +160,7 @@ def _run_leased(
     backend: GpuBackend,
     conn: Redis,
     progress: Progress,
+    parts: dict[str, Any],
 ) -> BatchResult:
     chosen = _lease(settings, batch, backend, conn, run_id, progress)
     indices = tuple(s.gpu.index for s in chosen)
@@ -170,6 +187,8 @@ def _run_leased(
                 backend.simulated,
                 workers,
                 gpu_pids,
+                parts=parts,
+                gpus=[state.gpu for state in chosen],
             )
             _wait_until_free(backend, indices, settings.kill_grace_s)
     finally:
@@ -248,6 +267,9 @@ def _run(
     simulated: bool,
     workers: int | None,
     gpu_pids: Callable[[], set[int]] | None = None,
+    *,
+    parts: dict[str, Any],
+    gpus: Sequence[GpuInfo] = (),
 ) -> RunOutcome:
     request = RunRequest(
         run_id=run_id,
@@ -261,6 +283,9 @@ def _run(
         kill_grace_s=settings.kill_grace_s,
         log_max_bytes=settings.log_max_bytes,
         run_as=settings.run_as,
+        gpu_minors=tuple(g.minor_number for g in gpus if g.minor_number is not None),
+        gpu_uuids=tuple(g.uuid for g in gpus),
+        **parts,
     )
     return run_batch(request, gpu_pids=gpu_pids)
 
@@ -292,6 +317,7 @@ def conclude_run(
         host=settings.host,
         log_tail=outcome.log_tail,
         notes=notes,
+        runtime=outcome.runtime,
     )
     return BatchResult(
         batch.name, sha, settings.host, conclusion, title, summary, gpus, outcome, output, notes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -98,6 +98,7 @@ def render_check_output(
     host: str = "",
     log_tail: str = "",
     notes: Sequence[str] = (),
+    runtime: Mapping[str, str] | None = None,
 ) -> CheckOutput:
     """Markdown a reader can trust: names render literally, and both parts fit GitHub's limit."""
     summary_md = fit_markdown(
@@ -109,6 +110,7 @@ def render_check_output(
             _skips_section(summary),
             _slowest_section(summary),
             _gpus_section(gpus),
+            _runtime_section(runtime or {}),
             _provenance(sha, host),
         ]
     )
@@ -235,6 +237,19 @@ def _gpu_row(g: GpuInfo) -> list[str]:
         inline(g.driver_version),
         inline(g.cuda_version),
     ]
+
+
+# What the Check Run says of the runtime, in this order, as the run saw it.
+RUNTIME_FIELDS = (
+    ("profile", "profile"), ("base", "base"), ("image", "image"), ("digest", "image digest"),
+    ("python", "Python"), ("torch", "torch"), ("cuda", "torch CUDA"), ("installer", "installer"),
+    ("sandbox", "sandbox"), ("network", "network"),
+)  # fmt: skip
+
+
+def _runtime_section(runtime: Mapping[str, str]) -> str:
+    rows = [[label, inline(runtime[key])] for key, label in RUNTIME_FIELDS if runtime.get(key)]
+    return "### Runtime\n\n" + _table(["", "as the run saw it"], rows) if rows else ""
 
 
 def _memory(mb: int | None) -> str:

@@ -67,6 +67,7 @@ class GpuInfo:
     cuda_version: str = ""  # "12.4"
     processes: tuple[GpuProcess, ...] = ()
     error: str | None = None
+    minor_number: int | None = None  # its device node is /dev/nvidia<minor>; None: unknown
 
     @property
     def bf16(self) -> bool:
@@ -159,7 +160,15 @@ class NvmlBackend:
             driver_version=_text(self._call("nvmlSystemGetDriverVersion")),
             cuda_version=_cuda_version(self._call("nvmlSystemGetCudaDriverVersion")),
             processes=tuple(self._process(p) for p in self._compute_processes(handle)),
+            minor_number=self._minor_number(handle),
         )
+
+    def _minor_number(self, handle: Any) -> int | None:
+        """Unknown where NVML cannot say (a sandboxed run then refuses to start on the GPU)."""
+        try:
+            return _whole(self._nvml.nvmlDeviceGetMinorNumber(handle), "minor number")
+        except (pynvml.NVMLError, _ReadError, AttributeError):
+            return None
 
     def _compute_processes(self, handle: Any) -> list[Any]:
         return list(self._call("nvmlDeviceGetComputeRunningProcesses", handle))
@@ -314,6 +323,7 @@ def _sim_gpu_fields(index: int, entry: Mapping[str, Any]) -> GpuInfo:
         cuda_version=SIM_CUDA,
         processes=tuple(_sim_process(p) for p in entry.get("processes") or ()),
         error=None if entry.get("error") is None else str(entry["error"]),
+        minor_number=index,
     )
 
 

@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,9 +25,11 @@ from bot.settings import Settings
 from bot.trust import is_sha
 from workers import leases
 from workers.batch import BatchResult, conclude_run
+from workers.cleanup import disk_problem, finish_workdir, sweep_workdirs, trim_archives
 from workers.gpus import GpuBackend, GpuState, gpu_states, inventory_entry, open_backend
+from workers.hostsetup import HostSetup, HostSetupError, RuntimeUnavailable
 from workers.leases import UNREACHABLE
-from workers.runner import RunOutcome, RunRequest, resolve_workers, run_batch
+from workers.runner import RunnerError, RunOutcome, RunRequest, resolve_workers, run_batch
 from workers.source import SourceError, fetch_archive
 
 log = logging.getLogger("gpuci.worker")
@@ -74,9 +76,15 @@ class Ticket:
 # --- the host's presence ---------------------------------------------------------------------
 
 
-def publish_host(conn: Redis, settings: Settings, backend: GpuBackend, slots: int) -> None:
-    """Write this host's GPUs (foreign use only: leases are read from their own keys) and renew
-    its heartbeat."""
+def publish_host(
+    conn: Redis,
+    settings: Settings,
+    backend: GpuBackend,
+    slots: int,
+    runtimes: Sequence[str] = ("base:default",),
+) -> None:
+    """Write this host's GPUs (foreign use only: leases are read from their own keys), the
+    runtimes it provides and whether it takes runs (its disk), and renew its heartbeat."""
     states = gpu_states(
         backend,
         {},
@@ -89,6 +97,8 @@ def publish_host(conn: Redis, settings: Settings, backend: GpuBackend, slots: in
         "backend": backend.describe(),
         "queue": host_queue(settings.host),
         "slots": str(slots),
+        "runtimes": json.dumps(list(runtimes)),
+        "refusing": disk_problem(Path(settings.work_dir), settings.bytes_of("min_free_disk")),
         "heartbeat_at": str(time.time()),
         "pid": str(os.getpid()),
     }
@@ -102,15 +112,23 @@ def publish_host(conn: Redis, settings: Settings, backend: GpuBackend, slots: in
 class HostHeartbeat(threading.Thread):
     """Publishes the host every HEARTBEAT_S seconds until stopped; logs and retries on errors."""
 
-    def __init__(self, conn: Redis, settings: Settings, backend: GpuBackend, slots: int):
+    def __init__(
+        self,
+        conn: Redis,
+        settings: Settings,
+        backend: GpuBackend,
+        slots: int,
+        runtimes: Sequence[str] = ("base:default",),
+    ):
         super().__init__(name="gpuci-host-heartbeat", daemon=True)
         self.conn, self.settings, self.backend, self.slots = conn, settings, backend, slots
+        self.runtimes = runtimes
         self.stopped = threading.Event()
 
     def run(self) -> None:
         while not self.stopped.is_set():
             try:
-                publish_host(self.conn, self.settings, self.backend, self.slots)
+                publish_host(self.conn, self.settings, self.backend, self.slots, self.runtimes)
             except UNREACHABLE as exc:  # keep beating: a Redis restart must not kill the host
                 log.warning(
                     "host heartbeat: Redis unreachable (%s), retrying in %g s", exc, HEARTBEAT_S
@@ -189,6 +207,7 @@ def execute_run(ticket_json: dict[str, Any]) -> str:
         return _execute(conn, settings, backend, run, ticket)
     finally:
         _release(conn, settings, ticket)
+        sweep_workdirs(Path(settings.work_dir), time.time())
 
 
 def _execute(
@@ -196,6 +215,7 @@ def _execute(
 ) -> str:
     tag = f"run={run.run_id}"
     try:
+        parts = _request_parts(settings, run)
         through_outage(
             f"{tag} start checks", lambda: _may_start(conn, settings, backend, run, ticket)
         )
@@ -208,13 +228,38 @@ def _execute(
         if running is None:
             return f"run {run.run_id} was cancelled before it started"
         _report(conn, run.run_id)
-        result = _run(conn, settings, backend, running, ticket, heartbeat.lost)
+        result = _run(conn, settings, backend, running, ticket, heartbeat.lost, parts)
         _wait_until_free(backend, ticket.gpu_indices, settings.kill_grace_s)
     if heartbeat.lost.is_set():  # the batch was stopped: its GPUs were no longer ours
         result.title = f"Stopped: {heartbeat.reason}"
         through_outage(f"{tag} count the lost lease", lambda: count_lost_lease(conn, "heartbeat"))
     _finish(conn, running, result)
+    _clean_up(settings, result)
     return f"run {run.run_id}: {result.conclusion.value} - {result.title}"
+
+
+def _request_parts(settings: Settings, run: Run) -> dict[str, Any]:
+    """The run's environment, sandbox and caches on this host; RunRefused (back to pending,
+    for another host) when this one does not provide its runtime."""
+    try:
+        config = load_config(run.config_text, ".gpuci.yml")
+        runtime = config.runtime_for(config.batches[run.batch])
+        setup = HostSetup.from_settings(settings, probe=False)
+        return setup.request_parts(runtime, run.repo, trusted=run.trust == "trusted")
+    except (ConfigError, KeyError):
+        return {}  # reported by the run itself, with the config's own errors
+    except (HostSetupError, RuntimeUnavailable) as exc:
+        raise RunRefused(f"{settings.host}: {exc}") from None
+
+
+def _clean_up(settings: Settings, result: BatchResult) -> None:
+    """The result is stored: the run's directory goes (a failed run's is kept a while)."""
+    workdir = result.outcome.workdir
+    if workdir == Path(settings.work_dir) or not workdir.is_dir():
+        return  # the run never got a directory of its own
+    failed = result.conclusion.value not in ("success", "neutral")
+    keep = settings.seconds_of("keep_failed_runs")
+    finish_workdir(workdir, failed=failed, keep_failed_s=keep, now=time.time())
 
 
 def _mark_running(conn: Redis, run: Run, ticket: Ticket) -> Run | None:
@@ -255,6 +300,9 @@ def _may_start(
         raise RunRefused(f"refused: {run.sha!r} is not a 40-hex commit SHA")
     if not runs.may_run(conn, run):
         raise RunRefused(f"refused: commit {run.sha[:10]} is no longer trusted or approved")
+    full = disk_problem(Path(settings.work_dir), settings.bytes_of("min_free_disk"))
+    if full:
+        raise RunRefused(f"{settings.host} takes no runs: {full}")
     held = leases.holders(conn, settings.host, ticket.gpu_indices)
     if any(owner != ticket.lease_owner for owner in held.values()):
         count_lost_lease(conn, "before_start")
@@ -308,6 +356,7 @@ def _run(
     run: Run,
     ticket: Ticket,
     lease_lost: threading.Event,
+    parts: dict[str, Any] | None = None,
 ) -> BatchResult:
     config = load_config(run.config_text, ".gpuci.yml")
     batch = config.batches[run.batch]
@@ -321,6 +370,7 @@ def _run(
         archive = fetch_archive(
             ticket.api_url, run.repo, run.sha, ticket.source_token, _cache_dir(settings)
         )
+        trim_archives(_cache_dir(settings), settings.bytes_of("archive_cache_max_size"))
         free = [max(0, (g.memory_total_mb or 0) - (g.memory_used_mb or 0)) for g in gpus]
         request = RunRequest(
             run_id=f"run-{run.run_id}",
@@ -334,9 +384,12 @@ def _run(
             kill_grace_s=settings.kill_grace_s,
             log_max_bytes=settings.log_max_bytes,
             run_as=settings.run_as,
+            gpu_minors=tuple(g.minor_number for g in gpus if g.minor_number is not None),
+            gpu_uuids=tuple(g.uuid for g in gpus),
+            **(parts or {}),
         )
         outcome = run_batch(request, cancel=cancel, gpu_pids=lambda: _pids_on(backend, ticket))
-    except (SourceError, ConfigError, KeyError) as exc:
+    except (SourceError, ConfigError, KeyError, RunnerError) as exc:
         outcome = _failed_outcome(settings, str(exc))
     finally:
         cancel.set()  # also stops the watcher

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from bot.config import Batch, Config, Runtime
-from workers import procs, sandbox
+from workers import cleanup, containers, procs, sandbox
 from workers.archive import ArchiveError, extract_archive
 from workers.caches import CachePlan, CacheUse, prepare_caches
 from workers.envs import EnvError, Layer, PythonLayout, inspect_python
@@ -32,6 +32,8 @@ LOG_TAIL_LINES = 80
 _READ_CHUNK = 64 * 1024
 _POLL_S = 0.05
 _DRAIN_S = 2.0
+IMAGE_PYTHON = "python"  # what runs pytest in a container: the image's own
+NOBODY = 65534  # a container's user when the worker is root and GPUCI_RUN_AS is unset
 RESULT_MAX_BYTES = 1024 * 1024 * 1024  # a JUnit or report file the run wrote, copied at most
 
 GpuPids = Callable[[], Iterable[int]]
@@ -64,6 +66,7 @@ class RunRequest:
     caches: CachePlan | None = None  # the runtime's caches; None: none
     gpu_minors: tuple[int, ...] = ()  # /dev/nvidia<minor> of gpu_indices (sandbox only)
     gpu_uuids: tuple[str, ...] = ()  # real GPUs' UUIDs: CUDA_VISIBLE_DEVICES names these
+    container: containers.ContainerHost | None = None  # the engine, for `image:` runtimes
 
     @property
     def runtime(self) -> Runtime:
@@ -204,12 +207,14 @@ def run_batch(
     """
     user = _run_as_user(req.run_as)
     run = _Run(req, user, cancel or threading.Event(), gpu_pids or tuple)
-    try:
-        ending = run.steps()
-    finally:
-        run.sweep()
-        run.log.close()
-    return run.outcome(ending)
+    with cleanup.in_use(run.workdir):
+        try:
+            ending = run.steps()
+        finally:
+            run.remove_container()
+            run.sweep()
+            run.log.close()
+        return run.outcome(ending)
 
 
 @dataclass(frozen=True)
@@ -289,6 +294,7 @@ class _Run:
         self.caches: CacheUse | None = None
         self.seen: dict[str, str] = {}
         self.env: dict[str, str] = {}
+        self.container: containers.ContainerRun | None = None
 
     # --- the steps ---
 
@@ -300,6 +306,10 @@ class _Run:
             self.log.note(problem)
             return _Ending(setup_failed=True)
         src = self.box / "src"
+        if self.container is not None:
+            step = self._start_container()
+            if step.interrupted or step.exit_code != 0:
+                return _Ending.interrupted(step) if step.interrupted else _Ending(setup_failed=True)
         if self.layer is not None:
             base, installer = self.layer.base.python, self.layer.installer
             label = f"environment: fresh layer on base {base} ({installer})"
@@ -331,6 +341,8 @@ class _Run:
                 "network: none needs the sandbox, and this host runs without one "
                 "(GPUCI_SANDBOX=none); nothing was run"
             )
+        if self.runtime.image and req.container is None:
+            return f"runtime {self.runtime.describe()} needs a container engine; this host has none"
         real_gpus = req.batch.gpus > 0 and not req.simulated_gpus
         if req.sandbox is not None and real_gpus and len(req.gpu_minors) != len(req.gpu_indices):
             return "the device nodes of the leased GPUs are unknown; nothing was run"
@@ -346,6 +358,9 @@ class _Run:
                 self.caches = prepare_caches(req.caches, self.runtime, self.box / "caches")
             except OSError as exc:
                 return f"cannot prepare the caches: {exc}"
+        if self.runtime.image:
+            self.container = self._container()
+            self.python = IMAGE_PYTHON
         if self.user:
             _chown_tree(self.box, self.user)
             for path in self.caches.writable if self.caches else ():
@@ -358,7 +373,7 @@ class _Run:
     def _base_layout(self) -> PythonLayout | None:
         """The base interpreter's layout: needed to layer on it, or to show it in a sandbox."""
         env = self.req.environment
-        if env is None and self.req.sandbox is None:
+        if self.runtime.image or (env is None and self.req.sandbox is None):
             return None
         base = inspect_python(env.base_python if env else self.req.python)
         if env is not None:
@@ -404,15 +419,56 @@ class _Run:
         return env
 
     def _record_runtime(self, base: PythonLayout | None) -> None:
-        env = self.req.environment
+        env, engine = self.req.environment, self.req.container
+        where = {"image": self.runtime.image or ""} if self.runtime.image else {
+            "base": env.base_name if env else "(the worker's Python)",
+            "installer": self.layer.installer if self.layer else "(shared environment)",
+        }  # fmt: skip
         self.seen = {
             "profile": self.runtime.name,
-            "base": env.base_name if env else "(the worker's Python)",
+            **where,
             **({"python": base.version} if base else {}),
-            "installer": self.layer.installer if self.layer else "(shared environment)",
-            "sandbox": "bubblewrap" if self.req.sandbox else "none",
+            "sandbox": engine.engine
+            if self.container and engine
+            else ("bubblewrap" if self.req.sandbox else "none"),
             "network": self.runtime.network,
         }
+
+    def _container(self) -> containers.ContainerRun:
+        """The run's container: as the run's user (never root), its box and caches mounted."""
+        uid, gid = (self.user.uid, self.user.gid) if self.user else (os.getuid(), os.getgid())
+        if uid == 0:
+            uid = gid = NOBODY
+            os.chown(self.box, uid, gid)
+            self.user = _User("nobody", uid, gid, (gid,), str(self.box / "home"))
+        caches = self.caches
+        return containers.ContainerRun(
+            name=f"gpuci-{self.workdir.name}",
+            image=self.runtime.image or "",
+            box=self.box,
+            user=f"{uid}:{gid}",
+            gpu_indices=() if self.req.simulated_gpus else self.req.gpu_indices,
+            writable=caches.writable if caches else (),
+            read_only=(*(caches.read_only if caches else ()), PLUGIN_DIR),
+            network=self.runtime.network != "none",
+        )
+
+    def _start_container(self) -> _Step:
+        engine, run = self.req.container, self.container
+        assert engine is not None and run is not None
+        try:
+            self.seen["digest"] = containers.image_digest(engine, run.image)
+        except containers.ContainerError as exc:
+            self.log.note(str(exc))
+            return _Step(exit_code=None, start_error=str(exc))
+        label = f"environment: container of {run.image} ({engine.engine})"
+        return self.child(containers.start_command(engine, run), self.box, label, raw=True)
+
+    def remove_container(self) -> None:
+        """The container goes with every process in it, however the run ended."""
+        if self.container is not None and self.req.container is not None:
+            command = containers.remove_command(self.req.container, self.container)
+            subprocess.run(command, capture_output=True, timeout=120, check=False)
 
     def _needs_preflight(self) -> bool:
         gpus_to_count = self.req.batch.gpus > 0 and not self.req.simulated_gpus
@@ -456,17 +512,22 @@ class _Run:
 
     # --- processes ---
 
-    def child(self, argv: list[str], cwd: Path, label: str) -> _Step:
-        """Run one process (in the sandbox, if any) in a new session, its output to the log,
-        until exit or interruption."""
+    def child(self, argv: list[str], cwd: Path, label: str, *, raw: bool = False) -> _Step:
+        """Run one process (in the run's container or sandbox, if any; `raw`: as it is) in a
+        new session, its output to the log, until exit or interruption."""
         if self.cancel.is_set() or time.monotonic() >= self.deadline:
             self.log.note(f"not starting {label}: {self._why_stopped()}")
             return _Step(None, timed_out=not self.cancel.is_set(), cancelled=self.cancel.is_set())
         self.log.note(f"$ {label}")
-        if self.req.sandbox is not None:
+        if raw:
+            pass
+        elif self.container is not None and self.req.container is not None:
+            argv = containers.exec_command(self.req.container, self.container, argv, cwd, self.env)
+            cwd = self.box
+        elif self.req.sandbox is not None:
             argv = sandbox.command(self.req.sandbox, self._box(), argv, cwd)
             cwd = Path("/")
-        user = self.user
+        user = None if self.container else self.user  # the engine runs the container's user
         try:
             proc = subprocess.Popen(
                 argv, cwd=cwd, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -513,8 +574,18 @@ class _Run:
     def _stop(self, proc: subprocess.Popen[bytes], *, cancelled: bool) -> _Step:
         grace = self.req.kill_grace_s
         self.log.note(f"{self._why_stopped()}: stopping the run's processes (grace {grace}s)")
+        if self.container is not None and self.req.container is not None:
+            stop = [
+                self.req.container.engine,
+                "stop",
+                "--time",
+                str(int(grace)),
+                self.container.name,
+            ]
+            subprocess.run(stop, capture_output=True, timeout=grace + 60, check=False)
         # bwrap is spared SIGTERM: its exit would end the sandbox before the grace period.
-        spare = procs.children(proc.pid) | {proc.pid} if self.req.sandbox else set()
+        sandboxed = self.req.sandbox is not None and self.container is None
+        spare = procs.children(proc.pid) | {proc.pid} if sandboxed else set()
         killed = procs.terminate_run(
             proc.pid, self.token, grace, extra_pids=self._gpu_pids(), spare=spare
         )

@@ -54,6 +54,11 @@ class Box:
     extra_args: tuple[str, ...] = field(default=(), compare=False)
 
 
+def bwrap_path() -> str:
+    """Where bubblewrap is installed ("" when it is not)."""
+    return shutil.which("bwrap") or ""
+
+
 def resolve_kind(setting: str) -> str:
     """`bwrap` or `none` from the host setting: `auto` is bwrap where installed, else an error
     that says how to install it or how to run without a sandbox, explicitly."""
@@ -62,7 +67,7 @@ def resolve_kind(setting: str) -> str:
         raise SandboxError(f"GPUCI_SANDBOX={setting!r} is not one of {', '.join(KINDS)}")
     if kind == "none":
         return "none"
-    if shutil.which("bwrap") is None:
+    if not bwrap_path():
         raise SandboxError(
             f"bubblewrap (bwrap) is not installed, and every run is sandboxed by default: "
             f"{INSTALL_HINT}, or set GPUCI_SANDBOX=none to run tests unsandboxed (unsafe for "
@@ -103,6 +108,7 @@ def command(host: SandboxHost, box: Box, argv: Sequence[str], cwd: Path) -> list
     args += _gpu_nodes(host.dev_root, box.gpu_minors)
     for path in _outermost([*box.read_only, *map(Path, host.read_only)]):
         args += ["--ro-bind", str(path), str(path)]
+    args += _hidden_mounts(host)
     args += ["--bind", str(box.box), str(box.box)]
     for path in box.writable:
         args += ["--bind", str(path), str(path)]
@@ -120,8 +126,17 @@ def _system_mounts(host: SandboxHost) -> list[str]:
             args += ["--symlink", str(path.readlink()), name]
         elif path.is_dir():
             args += ["--ro-bind", name, name]
+    return args
+
+
+def _hidden_mounts(host: SandboxHost) -> list[str]:
+    """Empty stand-ins over hidden paths that are inside what the sandbox shows."""
+    args: list[str] = []
+    shown = [Path(p) for p in (*SYSTEM_DIRS, *host.read_only)]
     for name in (*ALWAYS_HIDDEN, *host.hidden):
         path = Path(name)
+        if not any(root == path or root in path.parents for root in shown):
+            continue  # not in anything the sandbox shows: absent anyway
         if path.is_dir() and not path.is_symlink():
             args += ["--tmpfs", name, "--remount-ro", name]
         elif path.exists():

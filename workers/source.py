@@ -36,8 +36,10 @@ def fetch_archive(api_url: str, repo: str, sha: str, token: str, cache_dir: Path
         raise SourceError(f"refusing to fetch {repo!r}: not an owner/name repository")
     target = cached_archive(cache_dir, repo, sha)
     if target.is_file():
+        os.utime(target)  # recently used: the cache's size limit evicts the oldest first
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # every repository's sources
+    target.parent.mkdir(exist_ok=True, mode=0o700)
     url = f"{api_url.rstrip('/')}/repos/{repo}/tarball/{sha}"
     headers = {"Authorization": f"token {token}", "Accept": "application/vnd.github+json"}
     try:
