@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from bot.settings import Settings
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 WORLD = EXAMPLES / "demo-world.yml"
+ATTACKS = EXAMPLES / "hostile" / "test_attacks.py"  # what the fork's hostile commit adds
+CPU_TESTS = "tests/test_cpu.py"
 REPO = "acme/sample"
 HOST = "demo-gpu-01"
 SECRET = "gpuci-demo"
@@ -47,6 +50,11 @@ def run_demo(settings: Settings, *, once: bool = True) -> int:
                 f"gpuci demo: Redis {system.redis_url}, fakehub {system.hub_url}, "
                 f"dashboard {system.web_url}/, logs in {system.logs}\n"
             )
+            if not system.sandboxed:
+                say(
+                    "gpuci demo: WARNING: bubblewrap is not installed: the demo's test runs "
+                    "are NOT sandboxed (apt-get install -y bubblewrap)\n"
+                )
             Story(system).play()
             say(f"\nThe dashboard: {system.web_url}/")
             if not once:
@@ -83,6 +91,9 @@ class System:
     logs: Path
     gpus_file: Path
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # Runs are sandboxed where bubblewrap is installed; elsewhere the demo runs them without
+    # (the worker would refuse to start) and skips the hostile scene.
+    sandboxed: bool = field(default_factory=lambda: bool(shutil.which("bwrap")))
 
     def control(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         answer = requests.request(method, f"{self.hub_url}/_fakehub/{path}", json=body, timeout=30)
@@ -136,6 +147,7 @@ def _environment(system: System, app_id: int, work: Path) -> dict[str, str]:
         "GPUCI_WORK_DIR": str(work / "runs"),
         "GPUCI_IDLE_SAMPLE_INTERVAL_S": "0.05",
         "GPUCI_KILL_GRACE_S": "2",
+        "GPUCI_SANDBOX": "bwrap" if system.sandboxed else "none",
     }
 
 
@@ -189,7 +201,7 @@ def _stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
 
 
 class Story:
-    """Five scenes, each printed as it happens; every completed Check Run printed once."""
+    """Seven scenes, each printed as it happens; every completed Check Run printed once."""
 
     def __init__(self, system: System):
         self.system = system
@@ -201,6 +213,7 @@ class Story:
         self.label_approves_and_runs(fork_pr)
         self.push_voids_the_approval(fork_pr)
         self.small_batch_runs_while_the_big_one_waits(maya_pr)
+        self.hostile_tests_run_sandboxed(fork_pr, maya_pr)
 
     def maintainer_pr_runs_automatically(self) -> dict[str, Any]:
         self.scene(1, "maya (maintainer) opens a PR: layer 2 runs on GPUs automatically")
@@ -255,6 +268,42 @@ class Story:
         say("    ... the notebook on GPU 7 exits")
         _write_gpus(self.system.gpus_file, foreign_on_last=False)
         self.await_checks(pr["head_sha"], ("8",), "completed")
+
+    def hostile_tests_run_sandboxed(self, fork: dict[str, Any], own: dict[str, Any]) -> None:
+        """The fork's tests attack the host; the sandbox holds, and the next run is clean."""
+        self.scene(6, "carl pushes tests that attack the GPU host; maya approves that commit")
+        if not self.system.sandboxed:
+            say(
+                "    skipped: bubblewrap is not installed, so this demo's runs are not "
+                "sandboxed (apt-get install -y bubblewrap, then run the demo again)"
+            )
+            return
+        cpu = (EXAMPLES / "sample-repo" / CPU_TESTS).read_text()
+        attacks = {CPU_TESTS: cpu + "\n\n" + ATTACKS.read_text()}
+        pushed = self.system.control(
+            "POST", f"pulls/{REPO}/{fork['number']}/push", {"files": attacks}
+        )
+        self.await_checks(pushed["sha"], ("cpu",), "action_required")
+        self.system.control(
+            "POST",
+            f"pulls/{REPO}/{fork['number']}/labels",
+            {"user": "maya", "add": "gpuci/approved"},
+        )
+        self.await_checks(pushed["sha"], ("cpu",), "completed")
+        say(f"    after the run: {_after_the_attacks()}")
+        self.scene(7, "maya's next run of batch cpu starts clean: `/gpuci run batch cpu`")
+        before = {c["id"] for c in self.system.check_runs()}
+        self.system.control(
+            "POST",
+            f"pulls/{REPO}/{own['number']}/comments",
+            {"user": "maya", "body": "/gpuci run batch cpu"},
+        )
+        self.wait_for("a new Check Run of batch cpu", lambda: self._new_check(before, own))
+        self.await_checks(own["head_sha"], ("cpu",), "completed")
+
+    def _new_check(self, before: set[int], pr: dict[str, Any]) -> bool:
+        latest = self._latest(pr["head_sha"]).get("gpuci / batch cpu")
+        return bool(latest and latest["id"] not in before)
 
     # --- helpers of the scenes ---
 
@@ -340,6 +389,18 @@ class Story:
         )
         say(as_terminal(str(output.get("summary", ""))).rstrip())
         say(f"(details: {check.get('details_url')})")
+
+
+def _after_the_attacks() -> str:
+    """What is left of the hostile run on this machine: its daemon, its install."""
+    daemons = 0
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and b"600.4242" in (entry / "cmdline").read_bytes():
+                daemons += 1
+    planted = [p for p in sys.path if (Path(p) / "gpuci_demo_evil.pth").exists()]
+    environment = "CHANGED: " + planted[0] if planted else "unchanged"
+    return f"{daemons} of its processes alive, the worker's Python environment {environment}"
 
 
 def _reached(check: dict[str, Any], outcome: str) -> bool:

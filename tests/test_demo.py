@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bot.cli import main
+from tests.missing_tools import skip_missing
 
 
 def demo_processes() -> set[int]:
@@ -41,7 +43,7 @@ def test_demo_plays_the_story_and_cleans_up(
     assert demo_processes() == set()
     assert main(["demo", "--once"]) == 0
     out = capsys.readouterr().out
-    for scene in ("== 1.", "== 2.", "== 3.", "== 4.", "== 5."):
+    for scene in ("== 1.", "== 2.", "== 3.", "== 4.", "== 5.", "== 6.", "== 7."):
         assert scene in out
     # a maintainer's PR runs layer 2; the XPASS and skip reasons are shown as GitHub would
     assert "gpuci / batch 1: SUCCESS" in out
@@ -67,6 +69,20 @@ def test_demo_plays_the_story_and_cleans_up(
     assert "gpuci / batch 8: FAILURE - 1 failed, 6 passed, 1 error" in out
     assert "The dashboard: http://127.0.0.1:" in out
     assert demo_processes() == set()
+    # the fork's hostile tests run sandboxed: each attack's skip reason says what held
+    hostile = out[out.index("== 6.") : out.index("== 7.")]
+    if shutil.which("bwrap") is None:
+        assert "skipped: bubblewrap is not installed" in hostile
+        skip_missing("bubblewrap is not installed, so demo scene 6 did not run")
+    assert "gpuci / batch cpu: SUCCESS - 3 passed, 3 skipped" in hostile
+    assert "sandbox held: the base environment is read-only (Read-only file system)" in hostile
+    assert re.search(r"sandbox held: \d+ processes visible, all the run's own", hostile)
+    assert "after the run: 0 of its processes alive, the worker's Python environment unchanged" in (
+        hostile
+    )
+    assert "| sandbox | bubblewrap |" in hostile and "| installer | uv |" in hostile
+    # and the next run of that batch is clean: its own three tests, nothing else
+    assert "gpuci / batch cpu: SUCCESS - 3 passed\n" in out[out.index("== 7.") :]
 
 
 def test_ctrl_c_while_serving_stops_everything(redis_url: str, tmp_path: Path) -> None:
