@@ -4,6 +4,9 @@ on a simulated 8-GPU host -> real pytest on fakehub's tarball -> Check Runs on f
 from __future__ import annotations
 
 import json
+import os
+import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -22,6 +25,7 @@ from bot.settings import Settings
 from tests.conftest import Stack, serve_stack
 from tests.test_cli import SAMPLE_OUTCOMES
 from workers import leases
+from workers.checks import inline
 from workers.gpus import open_backend
 from workers.host import REPORTS_QUEUE, host_queue, load_result, publish_host
 
@@ -109,6 +113,15 @@ def test_trusted_pr_runs_layer_2_and_reports_pytest_counts(loop: Stack) -> None:
     assert {r.state for r in runs.runs_of_pr(loop.redis, "acme/sample", pr["number"])} == {
         RunState.COMPLETED
     }
+    # each Check Run says in what runtime it ran, as the run saw it
+    summary = checks["gpuci / batch cpu"]["output"]["summary"]
+    sandbox = "bubblewrap" if shutil.which("bwrap") else "none"
+    assert "### Runtime" in summary and f"| sandbox | {sandbox} |" in summary
+    assert f"| Python | {inline(platform.python_version())} |" in summary
+    # the successful runs' directories are gone; the failed run's is kept for debugging
+    kept = sorted(d.name.split("-")[1] for d in (Path(os.environ["GPUCI_WORK_DIR"])).iterdir())
+    by_batch = {r.run_id: r.batch for r in runs.runs_of_pr(loop.redis, "acme/sample", pr["number"])}
+    assert [by_batch[k] for k in kept] == ["2"]
 
 
 def test_check_run_goes_queued_in_progress_completed(loop: Stack) -> None:
