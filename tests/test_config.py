@@ -919,3 +919,27 @@ def test_an_inventory_host_may_be_an_object_with_its_gpus() -> None:
 
     assert load_hosts(text, "hosts.json") == {"h": [H20], "old": [H20]}
     assert inventory_runtimes(text) == {"h": {"image"}, "old": {"base:default"}}
+
+
+def test_every_whole_config_in_the_docs_loads_or_fails_as_shown() -> None:
+    """A config in docs/config.md loads, unless the docs show `gpuci config check` refusing it:
+    then loading it reports those problems (the hosts' ones need --hosts)."""
+    from tests.conftest import ROOT
+
+    text = (ROOT / "docs" / "config.md").read_text()
+    checked = 0
+    for part in text.split("```yaml\n")[1:]:
+        block, after = part.split("```", 1)
+        if not block.startswith("version: 1"):
+            continue
+        checked += 1
+        shown = after.split("```", 2)[1] if after.startswith("\n\n```\n$ gpuci config") else ""
+        if not shown:
+            load_config(block, "docs/config.md")
+            continue
+        with pytest.raises(ConfigError) as refused:
+            load_config(block, "bad.yml")
+        found = [str(i) for i in refused.value.issues]
+        expected = [line for line in shown.splitlines() if line.startswith("bad.yml:")]
+        assert found == [line for line in expected if "needs" not in line]
+    assert checked >= 3  # the full example, the refused one and the runtimes one
