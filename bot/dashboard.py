@@ -74,6 +74,8 @@ class HostView:
     heartbeat_age_s: float | None
     backend: str
     gpus: list[GpuView] = field(default_factory=list)
+    runtimes: tuple[str, ...] = ()  # what it provides: `base:NAME`, `image`
+    refusing: str = ""  # why it takes no new runs (its disk), or ""
 
     def count(self, status: GpuStatus) -> int:
         return sum(1 for gpu in self.gpus if gpu.status is status)
@@ -137,7 +139,12 @@ def read_host(conn: Redis, name: str, now: float) -> HostView:
     held = leases.holders(conn, name, [int(e.get("index", 0)) for e in entries])
     gpus = [gpu_view(e, held.get(int(e.get("index", 0))), alive) for e in entries]
     age = _age(now, record.get("heartbeat_at"))
-    return HostView(name, alive, age, record.get("backend", ""), gpus)
+    try:
+        runtimes = tuple(str(r) for r in json.loads(record.get("runtimes") or "[]"))
+    except ValueError:
+        runtimes = ()
+    backend = record.get("backend", "")
+    return HostView(name, alive, age, backend, gpus, runtimes, record.get("refusing", ""))
 
 
 def scheduler_heartbeat(conn: Redis, now: float) -> tuple[bool, float | None]:

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -537,3 +537,13 @@ def test_gpu_status(entry: dict[str, Any], holder: str | None, alive: bool, stat
 )
 def test_github_web_url(api: str, web: str) -> None:
     assert github_web_url(api) == web
+
+
+def test_overview_shows_each_hosts_runtimes_and_a_full_disk(client: Any, redis_conn: Redis) -> None:
+    settings = replace(host_settings("full-01"), min_free_disk="1000000TiB")
+    publish_host(redis_conn, settings, open_backend("sim:1xH20-96GB"), 4, ["base:default", "image"])
+
+    text = Tables(client.get("/").get_data(as_text=True)).page_text()
+
+    assert "runtimes base:default, image" in text
+    assert "Takes no new runs: only " in text and "below GPUCI_MIN_FREE_DISK" in text
