@@ -1,9 +1,16 @@
-"""Benchmark: webhook intake, gpuci's production server against a minimal Probot app.
+"""Benchmark: webhook intake, gpuci's production server against a minimal Probot 14 app.
 
 Both servers get the same signed real `pull_request` "opened" delivery (about 21 KB) from wrk,
 each request with a fresh `X-GitHub-Delivery`, at 1 and 16 connections. gpuci runs as in the
-Procfile (gunicorn, 2 sync workers) against Redis database 6 (flushed at start, between runs
-and at exit); afterwards the deliveries in its webhook inbox are counted against its 202 answers.
+Procfile (gunicorn, 2 `bot.server.Worker` workers) against Redis database 6 (flushed at
+start, between runs and at exit); afterwards the deliveries in its webhook inbox are counted
+against its 202 answers.
+
+`--slowloris N [N ...]` measures instead what slow clients do to a delivery: N connections
+send a request line and then one header line every `--trickle` seconds (never finishing; one
+the server drops is opened again) while a single prober sends signed deliveries one after
+another, each on a new connection with GitHub's 10 s timeout; it prints the prober's worst
+latency and how long the server kept the slow connections.
 """
 
 from __future__ import annotations
@@ -15,13 +22,18 @@ import os
 import re
 import resource
 import secrets
+import select
 import shutil
 import signal
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -40,6 +52,7 @@ from fakehub.schema import webhook_examples
 ROOT = Path(__file__).resolve().parent.parent
 PROBOT_DIR = ROOT / "bench" / "probot"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/6"
+WORKER_CLASS = "bot.server.Worker"  # the Procfile's
 EVENT = "pull_request"
 
 # wrk script: the same body and signature on every request (the signature covers only the
@@ -193,7 +206,7 @@ def throwaway_private_key() -> str:
     ).decode()
 
 
-def post(url: str, body: bytes, signature: str) -> int:
+def post(url: str, body: bytes, signature: str, timeout_s: float = 5) -> int:
     req = urllib.request.Request(
         url,
         data=body,
@@ -206,7 +219,7 @@ def post(url: str, body: bytes, signature: str) -> int:
         },
     )
     try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return resp.status
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -229,7 +242,7 @@ def wait_ready(proc: subprocess.Popen, url: str, body: bytes, signature: str, lo
 
 def wrk(
     url: str, connections: int, duration_s: int, threads: int, lua: Path, body_file: Path, sig: str
-) -> dict[str, int]:
+) -> dict[str, float]:
     cmd = [
         "wrk",
         f"-t{min(threads, connections)}",
@@ -252,7 +265,7 @@ def wrk(
     match = re.search(r"^WRKJSON (\{.*\})$", out, re.M)
     if not match:
         sys.exit(f"wrk printed no result:\n{out}")
-    raw = json.loads(match.group(1))
+    raw: dict[str, float] = json.loads(match.group(1))
     raw["wrk_cpu"] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     return raw
 
@@ -291,7 +304,7 @@ def measured(
 
 
 def to_result(
-    server: str, connections: int, raw: dict[str, float], accepted: int, check: str
+    server: str, connections: int, raw: dict[str, float], accepted: float, check: str
 ) -> Result:
     seconds = raw["duration_us"] / 1e6
     cpu = " / ".join(
@@ -300,15 +313,15 @@ def to_result(
     return Result(
         server=server,
         connections=connections,
-        requests=raw["requests"],
+        requests=int(raw["requests"]),
         seconds=raw["duration_us"] / 1e6,
         p50_ms=raw["p50_us"] / 1e3,
         p90_ms=raw["p90_us"] / 1e3,
         p99_ms=raw["p99_us"] / 1e3,
         max_ms=raw["max_us"] / 1e3,
-        accepted=accepted,
-        other=raw["requests"] - accepted,
-        socket_errors=raw["connect"] + raw["read"] + raw["write"] + raw["timeout"],
+        accepted=int(accepted),
+        other=int(raw["requests"] - accepted),
+        socket_errors=int(raw["connect"] + raw["read"] + raw["write"] + raw["timeout"]),
         check=check,
         cpu=cpu,
     )
@@ -349,6 +362,21 @@ def bench_gpuci(
     proc = procs.start(cmd, env, log, ROOT)
     url = f"http://127.0.0.1:{port}/webhook"
     wait_ready(proc, url, body, sig, log)
+    if args.slowloris:
+        for n in args.slowloris:
+            conn.flushdb()
+            probe = slow_clients(args, url, n, body, sig)
+            stored = settle(conn)
+            ok = stored == probe.accepted and probe.other == 0
+            probe.check = (
+                f"{'OK' if ok else 'MISMATCH'}: {stored} deliveries in the inbox, "
+                f"{probe.accepted} 202s seen by the prober"
+            )
+            probe.server = "gpuci"
+            print(probe.line())
+        procs.stop(proc)
+        conn.flushdb()
+        return []
     wrk(url, 16, args.warmup, args.wrk_threads, lua, body_file, sig)
     results = []
     for connections in args.connections:
@@ -356,7 +384,8 @@ def bench_gpuci(
         conn.flushdb()
         raw = measured(args, url, connections, proc.pid, sig, (lua, body_file))
         jobs = settle(conn)
-        counts = {k.decode(): int(v) for k, v in conn.hgetall(keys.webhook_counts()).items()}
+        found: dict[bytes, bytes] = conn.hgetall(keys.webhook_counts())  # type: ignore[assignment]
+        counts = {k.decode(): int(v) for k, v in found.items()}
         queued = counts.get(f"{EVENT}:queued", 0)
         dupes = counts.get(f"{EVENT}:duplicate", 0)
         extra = jobs - raw["s202"]
@@ -393,6 +422,13 @@ def bench_probot(
     proc = procs.start([args.probot_bin, "run", "./index.js"], env, log, PROBOT_DIR)
     url = f"http://127.0.0.1:{port}/api/github/webhooks"
     wait_ready(proc, url, body, sig, log)
+    if args.slowloris:
+        for n in args.slowloris:
+            probe = slow_clients(args, url, n, body, sig)
+            probe.server, probe.check = "Probot", f"{probe.accepted} 200s"
+            print(probe.line())
+        procs.stop(proc)
+        return []
     wrk(url, 16, args.warmup, args.wrk_threads, lua, body_file, sig)
     results = []
     for connections in args.connections:
@@ -405,6 +441,115 @@ def bench_probot(
         total = sum(json.loads(handled.group(1)).values())
         print(f"Probot handlers counted {total} deliveries (readiness + warm-up + runs)")
     return results
+
+
+class Slowloris:
+    """`count` connections that each send a request line, then one header line every
+    `every_s` seconds, and never finish; a connection the server closes (or answers) is
+    timed and opened again, so `count` stay open."""
+
+    def __init__(self, url: str, count: int, every_s: float) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        self.address = (parsed.hostname or "127.0.0.1", parsed.port or 80)
+        self.start_line = f"POST {parsed.path} HTTP/1.1\r\nHost: {parsed.netloc}\r\n".encode()
+        self.count, self.every_s = count, every_s
+        self.open: dict[socket.socket, float] = {}
+        self.lifetimes: list[float] = []  # seconds each dropped connection was kept
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="slowloris", daemon=True)
+
+    def __enter__(self) -> Slowloris:
+        for _ in range(self.count):
+            self._open_one()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        for sock in self.open:
+            sock.close()
+
+    def _open_one(self) -> None:
+        sock = socket.create_connection(self.address, timeout=5)
+        sock.sendall(self.start_line)
+        self.open[sock] = time.monotonic()
+
+    def _run(self) -> None:
+        lines, next_line = 0, time.monotonic() + self.every_s
+        while not self.stop.is_set():
+            readable, _, _ = select.select(list(self.open), [], [], 0.05)
+            for sock in readable:  # the server answered (408) or closed: dropped
+                with contextlib.suppress(OSError):
+                    sock.recv(65536)
+                self.lifetimes.append(time.monotonic() - self.open.pop(sock))
+                sock.close()
+                with contextlib.suppress(OSError):
+                    self._open_one()
+            if time.monotonic() >= next_line:
+                lines += 1
+                for sock in list(self.open):
+                    with contextlib.suppress(OSError):
+                        sock.sendall(f"X-Slow-{lines}: {'x' * 20}\r\n".encode())
+                next_line += self.every_s
+
+
+@dataclass
+class Probe:
+    slow: int
+    sent: int
+    accepted: int
+    other: int
+    timeouts: int
+    latencies_ms: list[float]
+    lifetimes_s: list[float]
+    server: str = ""
+    check: str = ""
+
+    def line(self) -> str:
+        worst = (
+            "over 10 s (timed out)"
+            if self.timeouts
+            else f"{max(self.latencies_ms, default=float('nan')):.1f} ms"
+        )
+        p50 = statistics.median(self.latencies_ms) if self.latencies_ms else float("nan")
+        kept = (
+            f"dropped {len(self.lifetimes_s)} times, after {min(self.lifetimes_s):.1f}-"
+            f"{max(self.lifetimes_s):.1f} s"
+            if self.lifetimes_s
+            else "never dropped"
+        )
+        return (
+            f"{self.server} with {self.slow} slow connections: {self.sent} deliveries, "
+            f"{self.accepted} answered 2xx, {self.other} other, {self.timeouts} past 10 s; "
+            f"prober p50 {p50:.1f} ms, worst {worst}; slow connections {kept}; "
+            f"{self.check}"
+        )
+
+
+def slow_clients(args: argparse.Namespace, url: str, count: int, body: bytes, sig: str) -> Probe:
+    """Signed deliveries one after another for `--slow-duration` s while `count` slow
+    connections trickle headers."""
+    latencies, accepted, other, timeouts, sent = [], 0, 0, 0, 0
+    with Slowloris(url, count, args.trickle) as slow:
+        time.sleep(min(args.trickle, 1.0))  # the slow requests have begun
+        end = time.monotonic() + args.slow_duration
+        while time.monotonic() < end:
+            sent += 1
+            started = time.monotonic()
+            try:
+                status = post(url, body, sig, timeout_s=10)
+            except OSError:  # urllib's timeout and connection errors
+                timeouts += 1
+                continue
+            latencies.append((time.monotonic() - started) * 1e3)
+            if status in (200, 202):
+                accepted += 1
+            else:
+                other += 1
+            time.sleep(args.probe_interval)
+        lifetimes = list(slow.lifetimes)
+    return Probe(count, sent, accepted, other, timeouts, latencies, lifetimes)
 
 
 def print_table(results: list[Result]) -> None:
@@ -479,17 +624,31 @@ def main() -> None:
     parser.add_argument("--connections", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--wrk-threads", type=int, default=1, help="wrk threads (1: 2 cores)")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (Procfile: 2)")
-    parser.add_argument("--worker-class", default="sync", help="gunicorn worker class (sync)")
+    parser.add_argument(
+        "--worker-class", default=WORKER_CLASS, help=f"gunicorn worker class ({WORKER_CLASS})"
+    )
     parser.add_argument("--threads", type=int, default=4, help="threads per gthread worker")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS, help="flushed! (database 6)")
     parser.add_argument("--probot-bin", default=default_probot_bin(), help="probot executable")
     parser.add_argument("--only", choices=["gpuci", "probot"], help="run one server only")
+    parser.add_argument(
+        "--slowloris",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="instead: a prober's deliveries while N slow connections trickle headers",
+    )
+    parser.add_argument("--trickle", type=float, default=5.0, help="s between slow lines (5)")
+    parser.add_argument("--slow-duration", type=float, default=20.0, help="s of probing (20)")
+    parser.add_argument(
+        "--probe-interval", type=float, default=0.05, help="s between deliveries (0.05)"
+    )
     args = parser.parse_args()
-    if not shutil.which("wrk"):
+    if not shutil.which("wrk") and not args.slowloris:
         sys.exit("wrk not found (apt-get install -y wrk)")
     if args.only != "gpuci" and not args.probot_bin:
         sys.exit(
-            "probot not found: npm install --prefix /tmp/gpuci-probot probot@13 "
+            "probot not found: npm install --prefix /tmp/gpuci-probot probot@14 "
             "(or set PROBOT_BIN / --probot-bin); never install into the repository"
         )
     body = payload_body()
@@ -522,7 +681,8 @@ def main() -> None:
             if args.only != "probot":
                 with contextlib.suppress(Exception):
                     Redis.from_url(args.redis_url).flushdb()
-        print_table(results)
+        if results:
+            print_table(results)
 
 
 if __name__ == "__main__":

@@ -44,9 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
 
-    web = sub.add_parser("web", help="serve webhooks, the dashboard, /healthz and /metrics")
+    web = sub.add_parser(
+        "web",
+        help="serve webhooks, the dashboard, /healthz and /metrics (the Procfile's server)",
+    )
     web.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     web.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    web.add_argument("--workers", type=int, default=1, help="processes (default 1; Procfile: 2)")
     web.set_defaults(handler=cmd_web)
 
     events = sub.add_parser("events", help="the events worker: webhook deliveries -> Check Runs")
@@ -130,14 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_web(args: argparse.Namespace, settings: Settings) -> int:
+    """gunicorn with bot.server.Worker, as the Procfile starts it, but refusing to start
+    without a webhook secret (every delivery would be answered 401)."""
     from app import create_app
+    from bot import server
 
     if not settings.webhook_secret:
         print(
             "gpuci web: set GPUCI_WEBHOOK_SECRET (the GitHub App's webhook secret)", file=sys.stderr
         )
         return EXIT_UNUSABLE
-    create_app(settings).run(host=args.bind, port=args.port)
+    server.run(lambda: create_app(settings), f"{args.bind}:{args.port}", args.workers)
     return EXIT_OK
 
 

@@ -1,29 +1,34 @@
 """`POST /webhook`: verify the signature, drop repeated deliveries, put the rest in the inbox
 (bot/inbox.py: one Redis call) and answer at once.
 
-`Intake` answers it as WSGI middleware in front of the Flask app (`app.wsgi_app`), so a
-delivery does not pay for Flask's request and response machinery, which cost about a third of
-the rest. Every other path goes on to Flask."""
+`triage` decides what a delivery gets from its body and headers alone; what is left is the
+inbox call. The web process's server (bot/server.py) answers the path itself with
+`AsyncIntake`, which shares one Redis connection between the deliveries in flight; `Intake`
+answers it as WSGI middleware in front of the Flask app (`app.wsgi_app`) for any other WSGI
+server (Flask's test client, `fakehub.testing.serving`). Every other path goes on to Flask."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from redis import Redis
 from redis.exceptions import RedisError
-from werkzeug.datastructures import EnvironHeaders, Headers
+from werkzeug.datastructures import EnvironHeaders
 from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 from werkzeug.wsgi import get_input_stream
 
 from bot import keys
-from bot.inbox import Inbox
+from bot.inbox import _ACCEPT, DELIVERY_TTL_S, Envelope, Inbox
+from bot.redis_pipe import RedisPipe
 from bot.settings import Settings
 
 if TYPE_CHECKING:
@@ -44,11 +49,41 @@ HANDLED_EVENTS = frozenset(
     }
 )
 
+Answer = tuple[int, dict[str, Any]]
+QUEUED: Answer = (202, {"accepted": True, "handled": True})
+DUPLICATE: Answer = (202, {"accepted": True, "duplicate": True})
+UNAVAILABLE: Answer = (503, {"error": "queue unavailable, retry later"})
+NOT_POST: Answer = (405, {"error": f"{PATH} accepts POST only (GitHub's deliveries)"})
+NOT_POST_HEADERS = [("Allow", "POST")]
+
+
+class Headers(Protocol):
+    def get(self, key: str, /) -> str | None: ...
+
 
 @dataclass(frozen=True)
 class Rejection:
     status: int
     message: str
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A delivery answered without the inbox: its answer and its /metrics count."""
+
+    answer: Answer
+    event: str
+    outcome: str
+
+
+@dataclass(frozen=True)
+class Keep:
+    """A verified delivery of an event gpuci acts on: it goes into the inbox."""
+
+    event: str
+    delivery_id: str
+    action: Any
+    body: bytes
 
 
 def signature_of(secret: str, body: bytes) -> str:
@@ -60,7 +95,8 @@ def verify_signature(secret: str, body: bytes, header: str | None) -> bool:
     """HMAC-SHA256 of the raw body, compared in constant time."""
     if not secret or not header:
         return False
-    return hmac.compare_digest(signature_of(secret, body), header.strip())
+    expected = "sha256=" + hmac.digest(secret.encode(), body, "sha256").hex()
+    return hmac.compare_digest(expected, header.strip())
 
 
 def check_delivery(secret: str, body: bytes, headers: Headers) -> tuple[Rejection | None, Any]:
@@ -80,6 +116,52 @@ def check_delivery(secret: str, body: bytes, headers: Headers) -> tuple[Rejectio
     return None, payload
 
 
+def triage(secret: str, body: bytes, headers: Headers) -> Reply | Keep:
+    """What a delivery gets before any Redis call: an answer, or a place in the inbox."""
+    rejection, payload = check_delivery(secret, body, headers)
+    delivery = headers.get("X-GitHub-Delivery") or ""
+    event = headers.get("X-GitHub-Event") or ""
+    if rejection:
+        log.warning("rejected delivery=%s event=%s: %s", delivery, event, rejection.message)
+        return Reply((rejection.status, {"error": rejection.message}), "-", "rejected")
+    if event == "ping":
+        return Reply((200, {"ok": True, "zen": payload.get("zen", "")}), event, "ping")
+    if event not in HANDLED_EVENTS:
+        log.info("ignored delivery=%s event=%s (not an event gpuci acts on)", delivery, event)
+        return Reply((202, {"accepted": True, "handled": False}), event, "ignored")
+    return Keep(event, delivery, payload.get("action"), body)
+
+
+def kept(delivery: Keep, queued: bool) -> Answer:
+    """The answer once the inbox took the delivery (`queued`) or knew it already."""
+    if not queued:
+        log.info(
+            "duplicate delivery=%s event=%s: already queued", delivery.delivery_id, delivery.event
+        )
+        return DUPLICATE
+    log.info(
+        "queued delivery=%s event=%s action=%s",
+        delivery.delivery_id,
+        delivery.event,
+        delivery.action,
+    )
+    return QUEUED
+
+
+def not_kept(delivery: Keep, exc: Exception) -> Answer:
+    log.error(
+        "redis unavailable, delivery=%s event=%s not queued: %s",
+        delivery.delivery_id,
+        delivery.event,
+        exc,
+    )
+    return UNAVAILABLE
+
+
+def too_large(limit: int) -> Answer:
+    return 413, {"error": f"body over the {limit}-byte limit (GPUCI_MAX_BODY_BYTES)"}
+
+
 def count_delivery(conn: Redis, event: str, outcome: str) -> None:
     """Count an answered delivery for /metrics; counting never fails the request."""
     try:
@@ -88,8 +170,8 @@ def count_delivery(conn: Redis, event: str, outcome: str) -> None:
         log.warning("cannot count delivery (%s:%s): %s", event, outcome, exc)
 
 
-Answer = tuple[int, dict[str, Any]]
-QUEUED: Answer = (202, {"accepted": True, "handled": True})
+def encode_answer(answer: Answer) -> bytes:
+    return json.dumps(answer[1]).encode() + b"\n"
 
 
 class Intake:
@@ -103,14 +185,12 @@ class Intake:
         if environ.get("PATH_INFO") != PATH:
             return self.app(environ, start_response)
         if environ.get("REQUEST_METHOD") != "POST":
-            answer: Answer = (405, {"error": f"{PATH} accepts POST only (GitHub's deliveries)"})
-            return _respond(start_response, answer, [("Allow", "POST")])
+            return _respond(start_response, NOT_POST, NOT_POST_HEADERS)
         try:
             body = get_input_stream(environ, max_content_length=self.settings.max_body_bytes).read()
             answer = self.receive(body, EnvironHeaders(environ))
         except RequestEntityTooLarge:
-            limit = self.settings.max_body_bytes
-            answer = (413, {"error": f"body over the {limit}-byte limit (GPUCI_MAX_BODY_BYTES)"})
+            answer = too_large(self.settings.max_body_bytes)
         except ClientDisconnected:
             answer = (400, {"error": "the body ended before its Content-Length"})
         except Exception:
@@ -120,41 +200,79 @@ class Intake:
 
     def receive(self, body: bytes, headers: Headers) -> Answer:
         """Verify, deduplicate and keep one delivery: (HTTP status, JSON body)."""
-        conn = self.conn
-        rejection, payload = check_delivery(self.settings.webhook_secret, body, headers)
-        delivery = headers.get("X-GitHub-Delivery", "")
-        event = headers.get("X-GitHub-Event", "")
-        if rejection:
-            log.warning("rejected delivery=%s event=%s: %s", delivery, event, rejection.message)
-            count_delivery(conn, "-", "rejected")
-            return rejection.status, {"error": rejection.message}
-        if event == "ping":
-            count_delivery(conn, event, "ping")
-            return 200, {"ok": True, "zen": payload.get("zen", "")}
-        if event not in HANDLED_EVENTS:
-            log.info("ignored delivery=%s event=%s (not an event gpuci acts on)", delivery, event)
-            count_delivery(conn, event, "ignored")
-            return 202, {"accepted": True, "handled": False}
+        verdict = triage(self.settings.webhook_secret, body, headers)
+        if isinstance(verdict, Reply):
+            count_delivery(self.conn, verdict.event, verdict.outcome)
+            return verdict.answer
         try:
-            queued = self.inbox.accept(event, delivery, body)
+            queued = self.inbox.accept(verdict.event, verdict.delivery_id, verdict.body)
         except RedisError as exc:
-            log.error(
-                "redis unavailable, delivery=%s event=%s not queued: %s", delivery, event, exc
+            count_delivery(self.conn, verdict.event, "unavailable")
+            return not_kept(verdict, exc)
+        return kept(verdict, queued)
+
+
+class AsyncIntake:
+    """`receive` for an asyncio server (bot/server.py), on one pipelined Redis connection
+    (bot/redis_pipe.py): the commands of the deliveries in flight reach Redis together, and
+    each delivery is answered after its own reply.
+
+    The commands are `Inbox.accept`'s Lua script (sent with EVAL, so a restarted Redis needs
+    no SCRIPT LOAD) and `count_delivery`'s HINCRBY."""
+
+    def __init__(self, settings: Settings, redis: RedisPipe) -> None:
+        self.settings, self.redis = settings, redis
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AsyncIntake:
+        """With the Flask app's Redis timeout (create_app); call it inside the loop."""
+        return cls(settings, RedisPipe(settings.redis_url, timeout_s=2))
+
+    async def receive(self, body: bytes, headers: Headers) -> Answer:
+        """Verify, deduplicate and keep one delivery: (HTTP status, JSON body)."""
+        verdict = triage(self.settings.webhook_secret, body, headers)
+        if isinstance(verdict, Reply):
+            self._count(verdict.event, verdict.outcome)
+            return verdict.answer
+        envelope = Envelope(verdict.event, verdict.delivery_id, time.time(), verdict.body)
+        try:
+            queued = await self.redis.send(
+                "EVAL",
+                _ACCEPT,
+                3,
+                keys.delivery(verdict.delivery_id),
+                keys.inbox(),
+                keys.webhook_counts(),
+                DELIVERY_TTL_S,
+                envelope.encode(),
+                f"{verdict.event}:queued",
+                f"{verdict.event}:duplicate",
             )
-            count_delivery(conn, event, "unavailable")
-            return 503, {"error": "queue unavailable, retry later"}
-        if not queued:
-            log.info("duplicate delivery=%s event=%s: already queued", delivery, event)
-            return 202, {"accepted": True, "duplicate": True}
-        log.info("queued delivery=%s event=%s action=%s", delivery, event, payload.get("action"))
-        return QUEUED
+        except RedisError as exc:
+            self._count(verdict.event, "unavailable")
+            return not_kept(verdict, exc)
+        return kept(verdict, bool(queued))
+
+    def _count(self, event: str, outcome: str) -> None:
+        """count_delivery's HINCRBY; the answer does not wait for it."""
+        field = f"{event or '-'}:{outcome}"
+        self.redis.send("HINCRBY", keys.webhook_counts(), field, 1).add_done_callback(
+            lambda reply: _count_failed(field, reply)
+        )
+
+    async def close(self) -> None:
+        await self.redis.close()
+
+
+def _count_failed(field: str, reply: asyncio.Future[Any]) -> None:
+    if not reply.cancelled() and reply.exception() is not None:
+        log.warning("cannot count delivery (%s): %s", field, reply.exception())
 
 
 def _respond(
     start_response: StartResponse, answer: Answer, extra: list[tuple[str, str]] | None = None
 ) -> list[bytes]:
-    status, fields = answer
-    body = json.dumps(fields).encode() + b"\n"
+    body = encode_answer(answer)
     headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
-    start_response(f"{status} {HTTPStatus(status).phrase}", headers + (extra or []))
+    start_response(f"{answer[0]} {HTTPStatus(answer[0]).phrase}", headers + (extra or []))
     return [body]

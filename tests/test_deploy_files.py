@@ -102,6 +102,33 @@ def test_unit_reads_settings_restarts_and_kills_its_whole_cgroup(path: Path) -> 
     assert service.get("User"), "each unit names its user"
 
 
+def gunicorn_options(argv: list[str]) -> dict[str, str]:
+    """`--name value` pairs of a gunicorn command line (flags without a value map to "")."""
+    options, rest = {}, argv[1:-1]
+    while rest:
+        name = rest.pop(0)
+        options[name] = rest.pop(0) if rest and not rest[0].startswith("--") else ""
+    return options
+
+
+def test_the_web_unit_serves_as_the_procfile_does_with_gpucis_worker() -> None:
+    from gunicorn.util import load_class
+    from gunicorn.workers.base import Worker
+
+    (line,) = [ln for ln in (ROOT / "Procfile").read_text().splitlines() if ln.startswith("web:")]
+    procfile = shlex.split(line.removeprefix("web:").replace("${PORT:-8000}", "8000"))
+    service = shlex.split(
+        unit(ROOT / "deploy" / "systemd" / "gpuci-web.service")["Service"]["ExecStart"]
+    )
+    assert Path(procfile[0]).name == Path(service[0]).name == "gunicorn"
+    assert procfile[-1] == service[-1] == GUNICORN_APP
+    ours, theirs = gunicorn_options(procfile), gunicorn_options(service)
+    theirs.pop("--access-logfile")  # the unit logs requests to the journal
+    assert ours == theirs
+    assert ours["--worker-class"] == "bot.server.Worker"
+    assert issubclass(load_class(ours["--worker-class"]), Worker)
+
+
 def test_worker_waits_out_the_host_heartbeat_before_restarting() -> None:
     from workers.host import HOST_TTL_S
 
