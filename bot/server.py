@@ -29,6 +29,8 @@ import io
 import os
 import re
 import signal
+import socket
+import ssl
 import sys
 import time
 from collections.abc import Callable
@@ -430,6 +432,7 @@ class Worker(GunicornWorker):
         asyncio.set_event_loop(self.loop)
         self.stopping = asyncio.Event()
         self.quick = False
+        self.accepting: set[asyncio.Task[Any]] = set()
         super().init_process()
 
     def init_signals(self) -> None:
@@ -476,22 +479,48 @@ class Worker(GunicornWorker):
             from gunicorn.sock import ssl_context
 
             tls = ssl_context(self.cfg)
-        servers = [
-            await self.loop.create_server(lambda: Connection(site), sock=s.sock, ssl=tls)
-            for s in self.sockets
-        ]
+        listeners = [s.sock for s in self.sockets]
+        for listener in listeners:
+            listener.setblocking(False)
+            self.loop.add_reader(listener.fileno(), self.accept, listener, site, tls)
         while self.alive and os.getppid() == self.ppid:
             self.notify()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), 1.0)
-        await self.shut_down(site, servers)
+        for listener in listeners:
+            self.loop.remove_reader(listener.fileno())
+        await self.shut_down(site)
 
-    async def shut_down(self, site: Site, servers: list[asyncio.Server]) -> None:
+    def accept(self, listener: socket.socket, site: Site, tls: ssl.SSLContext | None) -> None:
+        """One connection per wake-up: the workers share the listening socket, and the one
+        least busy takes the next connection (asyncio's own server takes a whole burst)."""
+        try:
+            client, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return  # another worker took it
+        except OSError as exc:  # out of file descriptors: wait a little, keep serving
+            self.log.error("cannot accept a connection: %s", exc)
+            self.loop.remove_reader(listener.fileno())
+            self.loop.call_later(
+                0.5, self.loop.add_reader, listener.fileno(), self.accept, listener, site, tls
+            )
+            return
+        client.setblocking(False)
+        made = self.loop.create_task(
+            self.loop.connect_accepted_socket(lambda: Connection(site), client, ssl=tls)
+        )
+        self.accepting.add(made)
+        made.add_done_callback(self._accepted)
+
+    def _accepted(self, made: asyncio.Task[Any]) -> None:
+        self.accepting.discard(made)
+        if not made.cancelled() and made.exception() is not None:  # a failed TLS handshake
+            self.log.debug("connection not set up: %s", made.exception())
+
+    async def shut_down(self, site: Site) -> None:
         """Stop listening, let the requests being answered finish (graceful_timeout; not
         on a quick shutdown)."""
         site.keep_alive = False
-        for server in servers:
-            server.close()
         give_up = time.monotonic() + (0 if self.quick else self.cfg.graceful_timeout)
         while site.connections and time.monotonic() < give_up:
             for connection in list(site.connections):
