@@ -9,7 +9,7 @@ from flask.typing import ResponseReturnValue
 from redis import Redis
 from werkzeug.exceptions import HTTPException
 
-from bot.settings import Settings
+from contract.settings import Settings
 
 log = logging.getLogger("gpuci.web")
 

@@ -43,11 +43,12 @@ from typing import Any
 import yaml
 from redis import Redis
 
-from bot import keys, runs, scheduler
-from bot.config import load_config
+from bot import runs, scheduler
 from bot.github_app import GitHubApp
 from bot.runs import Run, RunState, RunTrigger
-from bot.settings import Settings
+from contract import keys
+from contract.config import load_config
+from contract.settings import Settings
 from fakehub.testing import running
 from fakehub.world import build_world
 

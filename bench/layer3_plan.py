@@ -6,7 +6,6 @@ import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from bot.config import Batch, HostGpu
 from bot.planner import (
     HostGpuSlot,
     HostView,
@@ -16,6 +15,7 @@ from bot.planner import (
     plan,
     run_order,
 )
+from contract.config import Batch, HostGpu
 
 HOST = "h20-01"
 H20 = HostGpu("NVIDIA H20", 98304, (9, 0))

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.packages: local wheels and projects, no network
 
-from bot.config import Batch, Config, Runtime  # noqa: E402
+from contract.config import Batch, Config, Runtime  # noqa: E402
 from tests.packages import module_wheel, write_project  # noqa: E402
 from workers import sandbox  # noqa: E402
 from workers.caches import CachePlan  # noqa: E402

@@ -44,9 +44,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from redis import Redis
 
-from bot import inbox, keys
+from bot import inbox
 from bot.redis_local import free_port
 from bot.webhooks import signature_of
+from contract import keys
 from fakehub.schema import webhook_examples
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bot.settings import Settings, SettingsError
+from contract.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
     from bot.github_app import GitHubApp
@@ -197,7 +197,7 @@ def cmd_runs(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
-    from bot.config import check_file
+    from contract.config import check_file
 
     issues = check_file(args.file, args.hosts)
     for issue in issues:
@@ -214,7 +214,7 @@ def cmd_gpus(args: argparse.Namespace, settings: Settings) -> int:
     from redis import Redis
     from redis.exceptions import RedisError
 
-    from workers import leases
+    from contract import leases
     from workers.gpus import (
         GpuBackendError,
         gpu_states,
@@ -274,7 +274,7 @@ def _host_runtimes(settings: Settings) -> Any:
 def cmd_run_batch(args: argparse.Namespace, settings: Settings) -> int:
     from redis.exceptions import RedisError
 
-    from bot.config import ConfigError, check_file, load_config
+    from contract.config import ConfigError, check_file, load_config
     from workers.batch import BatchError, run_on_host, source_sha
     from workers.gpus import GpuBackendError
 
@@ -311,7 +311,7 @@ def cmd_run_batch(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_summarize(args: argparse.Namespace, settings: Settings) -> int:
-    from workers.checks import conclude, render_check_output, summary_json
+    from contract.checks import conclude, render_check_output, summary_json
     from workers.junit import JUnitError, parse_junit
 
     missing = [str(p) for p in args.junit if not p.is_file()]
@@ -338,7 +338,7 @@ def _emit(
     title: str, summary: str, text: str, data: dict[str, Any], args: argparse.Namespace
 ) -> None:
     """Print the Check Run as GitHub shows it; write the JSON and markdown files if asked."""
-    from workers.checks import as_terminal
+    from contract.checks import as_terminal
 
     markdown = f"# {title}\n\n{summary}\n" + (f"\n{text}\n" if text else "")
     print(as_terminal(markdown))

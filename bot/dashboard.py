@@ -22,10 +22,10 @@ from flask.typing import ResponseReturnValue
 from markupsafe import Markup, escape
 from redis import Redis
 
-from bot import keys, runs
+from bot import runs
 from bot.runs import Run, RunState
-from bot.settings import Settings
-from workers import leases
+from contract import keys, leases
+from contract.settings import Settings
 from workers.host import load_result
 
 blueprint = Blueprint("dashboard", __name__, template_folder="templates")

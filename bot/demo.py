@@ -20,7 +20,7 @@ import requests
 from redis import Redis
 
 from bot.redis_local import RedisUnavailable, local_redis
-from bot.settings import Settings
+from contract.settings import Settings
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 WORLD = EXAMPLES / "demo-world.yml"
@@ -376,7 +376,7 @@ class Story:
             time.sleep(0.3)
 
     def print_check(self, check: dict[str, Any]) -> None:
-        from workers.checks import as_terminal
+        from contract.checks import as_terminal
 
         if check["id"] in self.printed:
             return

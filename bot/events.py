@@ -13,12 +13,10 @@ from typing import Any
 from redis import Redis
 from redis.exceptions import RedisError
 
-from bot import keys, runs
+from bot import runs
 from bot.commands import command_runs_allowed, natural_sorted, parse_comment
-from bot.config import DEFAULT_APPROVAL_LABEL, Config, ConfigError, ConfigIssue, load_config
 from bot.github_app import GitHubApp, RepoClient
 from bot.runs import Run, RunState, RunTrigger
-from bot.settings import Settings
 from bot.timestamps import epoch
 from bot.trust import (
     APPROVE_ACTION_DESCRIPTION,
@@ -36,8 +34,11 @@ from bot.trust import (
     decide_button,
     decide_command,
     decide_pull_request,
-    role_from_api,
 )
+from contract import keys
+from contract.config import DEFAULT_APPROVAL_LABEL, Config, ConfigError, ConfigIssue, load_config
+from contract.roles import role_from_api
+from contract.settings import Settings
 
 log = logging.getLogger("gpuci.events")
 

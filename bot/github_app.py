@@ -15,8 +15,8 @@ from github import Auth, Github, GithubException, GithubIntegration, GithubRetry
 from github.GithubException import RateLimitExceededExceedsMaxWait
 from urllib3.response import BaseHTTPResponse
 
-from bot.settings import Settings
 from bot.timestamps import epoch
+from contract.settings import Settings
 
 log = logging.getLogger("gpuci.github")
 

@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from rq import Queue, Retry
 from rq.job import Job
 
-from bot import keys
+from contract import keys
 
 log = logging.getLogger("gpuci.inbox")
 

@@ -12,9 +12,10 @@ from redis import Redis
 from redis.exceptions import RedisError
 from rq import Queue
 
-from bot import dashboard, keys
+from bot import dashboard
 from bot.inbox import EVENTS_QUEUE, pending
 from bot.runs import RunState
+from contract import keys
 from workers.host import REPORTS_QUEUE, host_queue
 
 blueprint = Blueprint("metrics", __name__)

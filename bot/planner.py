@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import IntEnum
 
-from bot.config import Batch, HostGpu, format_size, gpu_matches, natural_sort, why_unrunnable
+from contract.config import Batch, HostGpu, format_size, gpu_matches, natural_sort, why_unrunnable
 
 
 class Priority(IntEnum):

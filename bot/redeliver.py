@@ -13,9 +13,9 @@ from typing import Any
 from github import GithubException
 from redis import Redis
 
-from bot import keys
 from bot.github_app import GitHubApp
 from bot.timestamps import epoch
+from contract import keys
 
 log = logging.getLogger("gpuci.redeliver")
 

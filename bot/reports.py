@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bot import keys, runs
+from bot import runs
 from bot.events import batch_check_name, context
 from bot.github_app import RepoClient
 from bot.runs import Run, RunState
 from bot.timestamps import iso
-from workers.checks import annotation_chunks
+from contract import keys
+from contract.checks import annotation_chunks
 from workers.host import REPORTS_QUEUE, load_result
 
 log = logging.getLogger("gpuci.reports")

@@ -12,8 +12,8 @@ from typing import Any
 from redis import Redis
 from redis.exceptions import WatchError
 
-from bot import keys
 from bot.trust import Approval, ApprovalVia
+from contract import keys
 
 HEAD_SEEN_TTL_S = 30 * 24 * 3600
 CHECK_RECORD_TTL_S = 90 * 24 * 3600

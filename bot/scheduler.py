@@ -16,14 +16,14 @@ from typing import Any
 from redis import Redis
 from rq import Queue
 
-from bot import keys, runs
-from bot.config import Batch, ConfigError, HostGpu, Layer, cron_matches, load_config
+from bot import runs
 from bot.github_app import GitHubApp
 from bot.planner import HostGpuSlot, HostView, PendingRun, Plan, Priority, plan
 from bot.runs import Run, RunState, RunTrigger
-from workers import leases
+from contract import keys, leases
+from contract.config import Batch, ConfigError, HostGpu, Layer, cron_matches, load_config
+from contract.leases import UNREACHABLE
 from workers.host import HOST_TTL_S, Ticket, host_queue, recover_lost_run, report
-from workers.leases import UNREACHABLE
 
 log = logging.getLogger("gpuci.scheduler")
 

@@ -11,7 +11,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from bot import dashboard
-from bot.settings import Settings
+from contract.settings import Settings
 
 blueprint = Blueprint("gpuci", __name__)
 

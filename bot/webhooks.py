@@ -26,10 +26,10 @@ from werkzeug.datastructures import EnvironHeaders
 from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 from werkzeug.wsgi import get_input_stream
 
-from bot import keys
 from bot.inbox import _ACCEPT, DELIVERY_TTL_S, Envelope, Inbox
 from bot.redis_pipe import RedisPipe
-from bot.settings import Settings
+from contract import keys
+from contract.settings import Settings
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment

@@ -141,7 +141,7 @@ def serve_stack(
     """fakehub with `world_path` delivering to gpuci's web app on a real port; the environment
     the events, scheduler and worker processes read their settings from."""
     from app import create_app
-    from bot.settings import Settings
+    from contract.settings import Settings
     from fakehub.testing import running, serving
     from fakehub.world import load_world
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bot.config import Batch, Config, Runtime
+from contract.config import Batch, Config, Runtime
 from tests.missing_tools import skip_missing
 from tests.packages import module_wheel
 from workers import sandbox

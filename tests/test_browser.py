@@ -22,7 +22,7 @@ import pytest
 from redis import Redis
 
 from app import create_app
-from bot.settings import Settings
+from contract.settings import Settings
 from tests.missing_tools import skip_missing
 from tests.test_dashboard import PytestRun, finished_run, publish, run_suite
 

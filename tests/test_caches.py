@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bot.config import Runtime
+from contract.config import Runtime
 from tests.sandboxing import repo, request
 from workers.caches import CachePlan, cache_dir, evict_lru, prepare_caches, trim
 from workers.runner import RunOutcome, run_batch

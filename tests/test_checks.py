@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from workers.checks import (
+from contract.checks import (
     MAX_BYTES,
     Conclusion,
     annotation_chunks,
@@ -17,8 +17,7 @@ from workers.checks import (
     render_check_output,
     summary_json,
 )
-from workers.gpus import GpuInfo
-from workers.junit import Failure, Summary
+from contract.results import Failure, GpuInfo, Summary
 
 H20 = GpuInfo(
     index=0,

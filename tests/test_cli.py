@@ -9,8 +9,8 @@ import pytest
 from redis import Redis
 
 from bot.cli import main
+from contract import leases
 from tests.conftest import SAMPLE_REPO
-from workers import leases
 
 HOST = "test-gpu-01"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import bot.config
-from bot.config import (
+import contract.config
+from contract.config import (
     Batch,
     Config,
     ConfigError,
@@ -764,7 +764,7 @@ def test_check_file_reports_huge_files_and_bad_inventories(tmp_path: Path) -> No
 
 
 def test_config_module_does_no_service_io() -> None:
-    tree = ast.parse(Path(bot.config.__file__).read_text())
+    tree = ast.parse(Path(contract.config.__file__).read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, ast.Import) for alias in node.names}  # fmt: skip
     imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree)

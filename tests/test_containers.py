@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Batch, Config, Runtime
+from contract.config import Batch, Config, Runtime
 from tests.missing_tools import skip_missing
 from workers import containers
 from workers.containers import ContainerHost, ContainerRun

@@ -18,8 +18,7 @@ from markupsafe import escape
 from redis import Redis
 
 from app import create_app
-from bot import keys, runs
-from bot.config import load_config
+from bot import runs
 from bot.dashboard import (
     COOKIE,
     GpuStatus,
@@ -29,8 +28,9 @@ from bot.dashboard import (
     results_visible,
 )
 from bot.runs import Run, RunState, RunTrigger
-from bot.settings import Settings
-from workers import leases
+from contract import keys, leases
+from contract.config import load_config
+from contract.settings import Settings
 from workers.batch import conclude_run
 from workers.gpus import open_backend
 from workers.host import load_result, publish_host, store_result

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bot.cli import build_parser
-from bot.settings import Settings
+from contract.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "app-manifest.json"

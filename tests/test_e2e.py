@@ -18,14 +18,14 @@ import requests
 from redis import Redis
 from rq import Queue
 
-from bot import keys, runs, scheduler
+from bot import runs, scheduler
 from bot.github_app import GitHubApp
 from bot.runs import Run, RunState
-from bot.settings import Settings
+from contract import keys, leases
+from contract.checks import inline
+from contract.settings import Settings
 from tests.conftest import Stack, serve_stack
 from tests.test_cli import SAMPLE_OUTCOMES
-from workers import leases
-from workers.checks import inline
 from workers.gpus import open_backend
 from workers.host import REPORTS_QUEUE, host_queue, load_result, publish_host
 

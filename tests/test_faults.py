@@ -17,9 +17,10 @@ from rq import Queue, SimpleWorker
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 
-from bot import keys, runs
+from bot import runs
 from bot.inbox import EVENTS_QUEUE, Pump
 from bot.runs import Run, RunState
+from contract import keys, leases
 from tests.conftest import Stack
 from tests.test_cli import SAMPLE_OUTCOMES
 from tests.test_e2e import (  # noqa: F401  (loop is a fixture)
@@ -30,7 +31,6 @@ from tests.test_e2e import (  # noqa: F401  (loop is a fixture)
     state_of,
     wait_for,
 )
-from workers import leases
 from workers.host import HOST_TTL_S, REPORTS_QUEUE, host_queue, load_result
 
 LOST = f"worker lost on {HOST}"

@@ -13,7 +13,7 @@ from github import GithubException
 
 from bot import cli
 from bot.github_app import GitHubApp, GitHubAppError, app_retry
-from bot.settings import Settings
+from contract.settings import Settings
 from fakehub.testing import Running, running
 from fakehub.world import World, load_world
 from tests.conftest import EVENTS_WORLD

@@ -11,10 +11,9 @@ from typing import Any
 import pynvml
 import pytest
 
+from contract.results import GpuInfo, GpuProcess
 from workers.gpus import (
     GpuBackendError,
-    GpuInfo,
-    GpuProcess,
     NvmlBackend,
     NvmlUnavailable,
     SimBackend,

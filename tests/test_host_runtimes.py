@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Runtime
-from bot.settings import Settings, SettingsError
+from contract.config import Runtime
+from contract.settings import Settings, SettingsError
 from tests.conftest import ROOT
 from workers.hostsetup import HostSetup, HostSetupError, RuntimeUnavailable
 from workers.runtimes import HostRuntimes, RuntimesError, load_host_runtimes

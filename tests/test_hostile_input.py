@@ -13,8 +13,8 @@ from redis import Redis
 
 from app import create_app
 from bot import webhooks
-from bot.config import ConfigError, load_config
-from bot.settings import Settings
+from contract.config import ConfigError, load_config
+from contract.settings import Settings
 from workers.junit import JUnitError, parse_junit
 
 SECRET = "hostile"

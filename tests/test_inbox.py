@@ -11,8 +11,9 @@ import pytest
 from redis import Redis
 from rq import Queue
 
-from bot import inbox, keys
+from bot import inbox
 from bot.inbox import Envelope, Inbox, Pump
+from contract import keys
 
 
 def events_queue(conn: Redis) -> Queue:

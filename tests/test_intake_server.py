@@ -23,10 +23,11 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from bot import keys, server
+from bot import server
 from bot.inbox import Envelope
 from bot.redis_local import free_port
 from bot.webhooks import signature_of
+from contract import keys
 from tests.conftest import ROOT, _redis_url
 
 SECRET = "slow-clients-secret"

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.junit import JUnitError, Summary, count_line, node_id, parse_junit
+from contract.results import Summary, count_line
+from workers.junit import JUnitError, node_id, parse_junit
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = Path(__file__).resolve().parent / "suites"

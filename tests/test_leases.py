@@ -16,9 +16,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
-from bot import keys
-from tests.conftest import ROOT
-from workers.leases import (
+from contract import keys
+from contract.leases import (
     LeaseHeartbeat,
     acquire,
     holders,
@@ -27,6 +26,7 @@ from workers.leases import (
     renew,
     run_of,
 )
+from tests.conftest import ROOT
 
 HOST = "h20-01"
 
@@ -237,7 +237,7 @@ class FlakyRedis(Redis):
 HOLDER = """
 import sys, time
 from redis import Redis
-from workers.leases import LeaseHeartbeat, acquire
+from contract.leases import LeaseHeartbeat, acquire
 
 conn = Redis.from_url(sys.argv[1])
 if not acquire(conn, "h20-01", [0, 1], "killed-run", ttl_s=2):

@@ -13,13 +13,13 @@ from redis import Redis
 from rq import Queue
 
 from app import create_app
-from bot import keys, runs
+from bot import runs
 from bot.metrics import Family, quantile, render
 from bot.runs import RunState
-from bot.settings import Settings
 from bot.webhooks import signature_of
+from contract import keys, leases
+from contract.settings import Settings
 from tests.test_dashboard import new_run, publish, shared_gpus
-from workers import leases
 from workers.host import host_queue
 
 SECRET = "metrics-secret"

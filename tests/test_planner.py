@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.config import Batch, HostGpu, gpu_matches
 from bot.planner import (
     Assignment,
     HostGpuSlot,
@@ -26,6 +25,7 @@ from bot.planner import (
     plan,
     run_order,
 )
+from contract.config import Batch, HostGpu, gpu_matches
 
 NOW = datetime(2024, 6, 1, 14, 0, tzinfo=UTC).timestamp()
 MIN = 60.0

@@ -13,10 +13,11 @@ import pytest
 from redis import Redis
 from rq import Queue
 
-from bot import cli, keys, runs
+from bot import cli, runs
 from bot.inbox import EVENTS_QUEUE, Pump
 from bot.redeliver import deliveries_to_redeliver, redeliver_failed, since_last_check
 from bot.timestamps import iso
+from contract import keys
 from tests.conftest import EVENTS_WORLD
 from tests.redis_server import PrivateRedis, private_redis_server, stack_on
 

@@ -20,13 +20,13 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry
 
-from bot import keys, runs, scheduler
+from bot import runs, scheduler
 from bot.github_app import GitHubApp
 from bot.runs import Run, RunState
+from contract import keys, leases
 from tests.conftest import SAMPLE_REPO, Stack
 from tests.redis_server import PrivateRedis, private_redis_server, stack_on
 from tests.test_cli import SAMPLE_OUTCOMES
-from workers import leases
 from workers.host import REPORTS_QUEUE, HostWorker, host_queue, load_result
 
 HOST = "sim-h20-01"

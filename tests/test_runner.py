@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from bot.config import Batch, Config, Runtime
+from contract.config import Batch, Config, Runtime
 from workers import procs
 from workers.runner import (
     PLUGIN_DIR,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Runtime
+from contract.config import Runtime
 from tests.sandboxing import (
     HERE_SITE,
     base_site,

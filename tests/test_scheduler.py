@@ -10,11 +10,11 @@ import pytest
 from redis import Redis
 from rq import Queue
 
-from bot import keys, runs, scheduler
+from bot import runs, scheduler
 from bot.runs import Run, RunState, RunTrigger
-from bot.settings import Settings
+from contract import keys, leases
+from contract.settings import Settings
 from tests.conftest import SAMPLE_REPO
-from workers import leases
 from workers.gpus import open_backend
 from workers.host import REPORTS_QUEUE, host_queue, publish_host
 

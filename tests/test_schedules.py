@@ -6,12 +6,13 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bot import keys, runs
-from bot.config import cron_matches
+from bot import runs
 from bot.github_app import GitHubApp
 from bot.runs import RunState, RunTrigger
 from bot.scheduler import Schedules
-from bot.settings import Settings
+from contract import keys
+from contract.config import cron_matches
+from contract.settings import Settings
 from tests.conftest import Stack
 from tests.test_e2e import loop, run_everything  # noqa: F401  (loop is a fixture)
 from workers.host import REPORTS_QUEUE

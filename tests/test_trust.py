@@ -27,10 +27,9 @@ from bot.trust import (
     decide_button,
     decide_command,
     decide_pull_request,
-    is_sha,
     may_start,
-    role_from_api,
 )
+from contract.roles import is_sha, role_from_api
 from fakehub.schema import webhook_examples
 
 REPO, FORK = "org/proj", "someone/proj"

@@ -11,8 +11,9 @@ from redis import Redis
 from rq import Queue
 
 from app import create_app
-from bot import inbox, keys, webhooks
-from bot.settings import Settings
+from bot import inbox, webhooks
+from contract import keys
+from contract.settings import Settings
 from fakehub.schema import webhook_examples
 
 SECRET = "It's a Secret to Everybody"

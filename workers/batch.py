@@ -12,13 +12,14 @@ from typing import Any
 
 from redis import Redis
 
-from bot.config import Batch, Config, HostGpu, gpu_matches
-from bot.settings import Settings
-from workers import leases
-from workers.checks import CheckOutput, Conclusion, conclude, render_check_output, summary_json
-from workers.gpus import GpuBackend, GpuInfo, GpuState, gpu_states, open_backend
+from contract import leases
+from contract.checks import CheckOutput, Conclusion, conclude, render_check_output, summary_json
+from contract.config import Batch, Config, HostGpu, gpu_matches
+from contract.results import GpuInfo, Summary
+from contract.settings import Settings
+from workers.gpus import GpuBackend, GpuState, gpu_states, open_backend
 from workers.hostsetup import HostSetup, HostSetupError, RuntimeUnavailable
-from workers.junit import JUnitError, Summary, parse_junit
+from workers.junit import JUnitError, parse_junit
 from workers.runner import RunOutcome, RunRequest, resolve_workers, run_batch
 
 Progress = Callable[[str], None]

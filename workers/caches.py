@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bot.config import Runtime
+from contract.config import Runtime
 
 LOCK_NAME = ".gpuci-lock"
 _MIB = 1024 * 1024

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 import pynvml
 
+from contract.results import GpuInfo, GpuProcess
+
 SIM_EXAMPLES = (
     "sim:8xH20-96GB, sim:2xA100-80GB,1xT4-16GB, sim:4xFOO-24GB-cc8.6, sim:/path/gpus.json"
 )
@@ -43,36 +45,6 @@ MODEL_COMPUTE_CAPABILITY = {
 
 _SIM_GROUP = re.compile(r"(\d+)x([A-Za-z0-9]+)-(\d+)GB(?:-cc(\d+\.\d+))?", re.IGNORECASE)
 _COMPUTE_CAPABILITY = re.compile(r"\d+\.\d+")
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    pid: int
-    used_memory_mb: int | None = None
-    name: str = ""
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    """One sample of one GPU. `error` set means the sample is unusable (and the GPU not idle)."""
-
-    index: int
-    uuid: str = ""
-    name: str = ""
-    memory_total_mb: int | None = None
-    memory_used_mb: int | None = None
-    utilization_pct: int | None = None
-    compute_capability: str = ""  # "9.0"
-    driver_version: str = ""
-    cuda_version: str = ""  # "12.4"
-    processes: tuple[GpuProcess, ...] = ()
-    error: str | None = None
-    minor_number: int | None = None  # its device node is /dev/nvidia<minor>; None: unknown
-
-    @property
-    def bf16(self) -> bool:
-        major = self.compute_capability.split(".")[0]
-        return major.isdigit() and int(major) >= 8
 
 
 @dataclass(frozen=True)

@@ -18,17 +18,17 @@ from rq import Queue, Retry, Worker
 from rq.executions import Execution
 from rq.job import Job
 
-from bot import keys, runs
-from bot.config import ConfigError, load_config
+from bot import runs
 from bot.runs import Run, RunState
-from bot.settings import Settings
 from bot.trust import is_sha
-from workers import leases
+from contract import keys, leases
+from contract.config import ConfigError, load_config
+from contract.leases import UNREACHABLE
+from contract.settings import Settings
 from workers.batch import BatchResult, conclude_run
 from workers.cleanup import disk_problem, finish_workdir, sweep_workdirs, trim_archives
 from workers.gpus import GpuBackend, GpuState, gpu_states, inventory_entry, open_backend
 from workers.hostsetup import HostSetup, HostSetupError, RuntimeUnavailable
-from workers.leases import UNREACHABLE
 from workers.runner import RunnerError, RunOutcome, RunRequest, resolve_workers, run_batch
 from workers.source import SourceError, fetch_archive
 

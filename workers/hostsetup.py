@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bot.config import Runtime
-from bot.settings import Settings
+from contract.config import Runtime
+from contract.settings import Settings
 from workers import sandbox
 from workers.caches import CachePlan
 from workers.containers import ContainerHost

@@ -7,7 +7,6 @@ import heapq
 import json
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from xml.parsers.expat import (
@@ -16,6 +15,8 @@ from xml.parsers.expat import (
     ParserCreate,
     XMLParserType,
 )
+
+from contract.results import Failure, Summary
 
 MAX_DEPTH = 32  # pytest writes 4 levels; anything much deeper is hostile
 MAX_SKIP_REASONS = 100  # distinct reasons kept; the rest are grouped under OTHER_REASONS
@@ -42,38 +43,6 @@ class JUnitError(Exception):
     """A JUnit XML or report file that cannot be read as one; the message names file and line."""
 
 
-@dataclass(frozen=True)
-class Failure:
-    """A failed or errored test, with where to annotate it."""
-
-    test_id: str
-    kind: str  # "failure" | "error"
-    message: str
-    text: str = ""
-    file: str | None = None
-    line: int | None = None
-
-
-@dataclass
-class Summary:
-    """A batch's results, counted as pytest's terminal summary line counts them."""
-
-    tests: int = 0
-    passed: int = 0
-    failed: int = 0
-    errors: int = 0
-    skipped: int = 0
-    xfailed: int = 0
-    xpassed: int = 0
-    xpassed_tests: list[str] = field(default_factory=list)
-    skip_reasons: dict[str, int] = field(default_factory=dict)
-    duration_s: float = 0.0
-    slowest: list[tuple[str, float]] = field(default_factory=list)
-    failures: list[Failure] = field(default_factory=list)
-    reruns: int = 0
-    failures_dropped: int = 0  # failures beyond max_failures_kept, counted but not kept
-
-
 def parse_junit(
     paths: Sequence[Path],
     report: Path | None = None,
@@ -93,20 +62,6 @@ def parse_junit(
     if report is not None:
         _apply_report(Path(report), tally)
     return tally.summary()
-
-
-def count_line(summary: Summary) -> str:
-    """pytest's summary line: "3 failed, 5 passed, 2 skipped, 1 xfailed, 2 errors, 1 rerun"."""
-    parts = [
-        ("failed", summary.failed),
-        ("passed", summary.passed),
-        ("skipped", summary.skipped),
-        ("xfailed", summary.xfailed),
-        ("xpassed", summary.xpassed),
-        ("error" if summary.errors == 1 else "errors", summary.errors),
-        ("rerun", summary.reruns),
-    ]
-    return ", ".join(f"{n} {word}" for word, n in parts if n) or "no tests ran"
 
 
 def node_id(classname: str, name: str, file: str | None) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from bot.config import Batch, Config, Runtime
+from contract.config import Batch, Config, Runtime
 from workers import cleanup, containers, procs, sandbox
 from workers.archive import ArchiveError, extract_archive
 from workers.caches import CachePlan, CacheUse, prepare_caches

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from bot.config import DEFAULT_BASE, Runtime
+from contract.config import DEFAULT_BASE, Runtime
 
 ENGINES = ("podman", "docker")
 GPU_DEVICE_STYLES = ("cdi", "gpus")  # --device nvidia.com/gpu=N, or --gpus device=N

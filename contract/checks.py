@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from workers.gpus import GpuInfo
-from workers.junit import Failure, Summary, count_line
+from contract.results import Failure, GpuInfo, Summary, count_line
 
 MAX_BYTES = 65535  # GitHub's limit on a Check Run's summary and text
 ANNOTATIONS_PER_REQUEST = 50

@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from bot.config import parse_duration, parse_size
+from contract.config import parse_duration, parse_size
 
 
 class SettingsError(ValueError):

@@ -5,9 +5,52 @@ from __future__ import annotations
 PREFIX = "gpuci"
 
 
+# --- a GPU host's own keys --------------------------------------------------------------------
+# Everything a GPU host may touch is under `gpuci:host:<name>` (its Redis user's whole ACL,
+# `gpuci redis-acl`); host names are letters, digits, `.`, `_`, `-`, so no pattern of one host
+# reaches another's keys. What a host writes is data the bot validates (contract.hostlink).
+
+
+def host_keys(name: str) -> tuple[str, str]:
+    """The two key patterns of one host, as its ACL user is given them."""
+    return f"{PREFIX}:host:{name}", f"{PREFIX}:host:{name}:*"
+
+
 def gpu_lease(host: str, index: int) -> str:
-    """String: the owner token of the run holding GPU `index` on `host`; expires (TTL)."""
-    return f"{PREFIX}:lease:{host}:{index}"
+    """String: the owner token of the run holding GPU `index` on `host`; expires (TTL). The
+    scheduler sets it (the host cannot take GPUs); the host renews and releases its own."""
+    return f"{PREFIX}:host:{host}:lease:{index}"
+
+
+def host_tickets(host: str) -> str:
+    """List: tickets (contract.hostlink.Ticket JSON) the scheduler gave the host, oldest last."""
+    return f"{PREFIX}:host:{host}:tickets"
+
+
+def host_taken(host: str) -> str:
+    """List: tickets the host took and is running (their source token already removed once
+    the archive is fetched); a restarted host reports them lost."""
+    return f"{PREFIX}:host:{host}:taken"
+
+
+def host_outbox(host: str) -> str:
+    """List: the host's messages to the bot (contract.hostlink.HostMessage JSON), oldest last."""
+    return f"{PREFIX}:host:{host}:outbox"
+
+
+def host_cancel(host: str) -> str:
+    """Set: run ids the bot cancelled while they were assigned to or running on the host."""
+    return f"{PREFIX}:host:{host}:cancel"
+
+
+def host_junit(host: str, run_id: str) -> str:
+    """String (gzip): the JUnit XML of a run the host finished, until the bot takes it."""
+    return f"{PREFIX}:host:{host}:junit:{run_id}"
+
+
+def host_messages_seen() -> str:
+    """Hash host -> the count of its messages the bot applied (for /metrics)."""
+    return f"{PREFIX}:host-messages"
 
 
 def delivery(delivery_id: str) -> str:
@@ -116,12 +159,13 @@ def durations(repo: str, batch: str) -> str:
 
 
 def hosts() -> str:
-    """Set: names of every GPU host that ever registered."""
+    """Set: names of every GPU host that ever said hello (the bot adds them; hosts cannot)."""
     return f"{PREFIX}:hosts"
 
 
 def host(name: str) -> str:
-    """Hash {gpus (JSON inventory entries), backend, queue, slots, heartbeat_at, pid}."""
+    """Hash {gpus (JSON inventory entries), backend, slots, runtimes, refusing, heartbeat_at,
+    pid}: what the host says of itself (the bot reads it as untrusted data)."""
     return f"{PREFIX}:host:{name}"
 
 

@@ -1,0 +1,267 @@
+"""What a run produces, as both sides see it: the GPUs it ran on and the counts, skip reasons,
+XPASSes and failures of its tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_memory_mb: int | None = None
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One sample of one GPU. `error` set means the sample is unusable (and the GPU not idle)."""
+
+    index: int
+    uuid: str = ""
+    name: str = ""
+    memory_total_mb: int | None = None
+    memory_used_mb: int | None = None
+    utilization_pct: int | None = None
+    compute_capability: str = ""  # "9.0"
+    driver_version: str = ""
+    cuda_version: str = ""  # "12.4"
+    processes: tuple[GpuProcess, ...] = ()
+    error: str | None = None
+    minor_number: int | None = None  # its device node is /dev/nvidia<minor>; None: unknown
+
+    @property
+    def bf16(self) -> bool:
+        major = self.compute_capability.split(".")[0]
+        return major.isdigit() and int(major) >= 8
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed or errored test, with where to annotate it."""
+
+    test_id: str
+    kind: str  # "failure" | "error"
+    message: str
+    text: str = ""
+    file: str | None = None
+    line: int | None = None
+
+
+@dataclass
+class Summary:
+    """A batch's results, counted as pytest's terminal summary line counts them."""
+
+    tests: int = 0
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0
+    skipped: int = 0
+    xfailed: int = 0
+    xpassed: int = 0
+    xpassed_tests: list[str] = field(default_factory=list)
+    skip_reasons: dict[str, int] = field(default_factory=dict)
+    duration_s: float = 0.0
+    slowest: list[tuple[str, float]] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    reruns: int = 0
+    failures_dropped: int = 0  # failures beyond max_failures_kept, counted but not kept
+
+
+def count_line(summary: Summary) -> str:
+    """pytest's summary line: "3 failed, 5 passed, 2 skipped, 1 xfailed, 2 errors, 1 rerun"."""
+    parts = [
+        ("failed", summary.failed),
+        ("passed", summary.passed),
+        ("skipped", summary.skipped),
+        ("xfailed", summary.xfailed),
+        ("xpassed", summary.xpassed),
+        ("error" if summary.errors == 1 else "errors", summary.errors),
+        ("rerun", summary.reruns),
+    ]
+    return ", ".join(f"{n} {word}" for word, n in parts if n) or "no tests ran"
+
+
+# --- a finished run's report, as JSON between the host and the bot -------------------------------
+
+MAX_COUNT = 10**9
+MAX_FAILURES = 1000
+MAX_FIELD = 64 * 1024  # a failure's text, the log tail
+MAX_SHORT = 4000  # names, messages, reasons
+MAX_GPUS = 64
+_COUNTS = ("tests", "passed", "failed", "errors", "skipped", "xfailed", "xpassed", "reruns")
+_OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
+
+
+class ResultError(ValueError):
+    """A run report that is not well-formed; the message says which field."""
+
+
+@dataclass
+class RunReport:
+    """How a run ended, as its host reports it: the counts and failures of its tests, whether
+    it timed out, was cancelled or could not run (`error`), and where and in what it ran."""
+
+    summary: Summary
+    timed_out: bool = False
+    cancelled: bool = False
+    error: str | None = None
+    gpus: list[GpuInfo] = field(default_factory=list)
+    runtime: dict[str, str] = field(default_factory=dict)
+    log_tail: str = ""
+    notes: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        s = self.summary
+        return {
+            "summary": {
+                **{name: getattr(s, name) for name in _COUNTS},
+                "failures_dropped": s.failures_dropped,
+                "xpassed_tests": list(s.xpassed_tests),
+                "skip_reasons": dict(s.skip_reasons),
+                "duration_s": s.duration_s,
+                "slowest": [list(pair) for pair in s.slowest],
+                "failures": [f.__dict__ for f in s.failures],
+            },
+            "timed_out": self.timed_out,
+            "cancelled": self.cancelled,
+            "error": self.error,
+            "gpus": [
+                {**g.__dict__, "processes": [p.__dict__ for p in g.processes]} for g in self.gpus
+            ],
+            "runtime": dict(self.runtime),
+            "log_tail": self.log_tail,
+            "notes": list(self.notes),
+            "duration_s": self.duration_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> RunReport:
+        """The report in `data`, every field checked for type and size (ResultError)."""
+        d = _mapping(data, "report")
+        return cls(
+            summary=_summary(_mapping(d.get("summary"), "summary")),
+            timed_out=_flag(d.get("timed_out", False), "timed_out"),
+            cancelled=_flag(d.get("cancelled", False), "cancelled"),
+            error=None if d.get("error") is None else _text(d["error"], "error", MAX_SHORT),
+            gpus=[_gpu(g) for g in _list(d.get("gpus", []), "gpus", MAX_GPUS)],
+            runtime={
+                _text(k, "runtime key", 40): _text(v, "runtime value", 400)
+                for k, v in _mapping(d.get("runtime", {}), "runtime").items()
+            },
+            log_tail=_text(d.get("log_tail", ""), "log_tail", MAX_FIELD),
+            notes=[_text(n, "note", MAX_SHORT) for n in _list(d.get("notes", []), "notes", 20)],
+            duration_s=_number(d.get("duration_s", 0.0), "duration_s"),
+        )
+
+
+def gpu_to_json(gpu: GpuInfo) -> dict[str, object]:
+    return {**gpu.__dict__, "processes": [p.__dict__ for p in gpu.processes]}
+
+
+def _summary(d: dict[str, object]) -> Summary:
+    counts = {name: _count(d.get(name, 0), name) for name in _COUNTS}
+    for name in _OUTCOMES:
+        if counts[name] > counts["tests"]:
+            raise ResultError(f"summary: {name} ({counts[name]}) exceeds tests ({counts['tests']})")
+    reasons = _mapping(d.get("skip_reasons", {}), "skip_reasons")
+    if len(reasons) > 200:
+        raise ResultError("summary: too many skip reasons")
+    return Summary(
+        **counts,
+        failures_dropped=_count(d.get("failures_dropped", 0), "failures_dropped"),
+        xpassed_tests=[
+            _text(t, "xpassed test", MAX_SHORT)
+            for t in _list(d.get("xpassed_tests", []), "xpassed_tests", MAX_FAILURES)
+        ],
+        skip_reasons={
+            _text(k, "skip reason", MAX_SHORT): _count(v, "skip count") for k, v in reasons.items()
+        },
+        duration_s=_number(d.get("duration_s", 0.0), "duration_s"),
+        slowest=[_slow(p) for p in _list(d.get("slowest", []), "slowest", 50)],
+        failures=[_failure(f) for f in _list(d.get("failures", []), "failures", MAX_FAILURES)],
+    )
+
+
+def _failure(data: object) -> Failure:
+    d = _mapping(data, "failure")
+    kind = _text(d.get("kind"), "failure kind", 10)
+    if kind not in ("failure", "error"):
+        raise ResultError(f"failure kind {kind!r} is not failure or error")
+    line = d.get("line")
+    return Failure(
+        test_id=_text(d.get("test_id"), "test id", MAX_SHORT),
+        kind=kind,
+        message=_text(d.get("message", ""), "failure message", MAX_SHORT),
+        text=_text(d.get("text", ""), "failure text", MAX_FIELD),
+        file=None if d.get("file") is None else _text(d["file"], "failure file", 1000),
+        line=None if line is None else _count(line, "failure line"),
+    )
+
+
+def _slow(data: object) -> tuple[str, float]:
+    pair = _list(data, "slowest entry", 2)
+    if len(pair) != 2:
+        raise ResultError("slowest entries are [test id, seconds]")
+    return _text(pair[0], "slow test", MAX_SHORT), _number(pair[1], "slow seconds")
+
+
+def _gpu(data: object) -> GpuInfo:
+    d = _mapping(data, "gpu")
+    optional = {"memory_total_mb", "memory_used_mb", "utilization_pct", "minor_number"}
+    values = {k: None if d.get(k) is None else _count(d[k], k) for k in optional}
+    texts = ("uuid", "name", "compute_capability", "driver_version", "cuda_version")
+    processes = [
+        GpuProcess(
+            pid=_count(_mapping(p, "process").get("pid"), "pid"),
+            used_memory_mb=None
+            if _mapping(p, "process").get("used_memory_mb") is None
+            else _count(_mapping(p, "process")["used_memory_mb"], "used_memory_mb"),
+            name=_text(_mapping(p, "process").get("name", ""), "process name", 200),
+        )
+        for p in _list(d.get("processes", []), "processes", 100)
+    ]
+    return GpuInfo(
+        index=_count(d.get("index"), "gpu index"),
+        **{k: _text(d.get(k, ""), k, 200) for k in texts},  # type: ignore[arg-type]
+        **values,  # type: ignore[arg-type]
+        processes=tuple(processes),
+        error=None if d.get("error") is None else _text(d["error"], "gpu error", MAX_SHORT),
+    )
+
+
+def _mapping(value: object, what: str) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise ResultError(f"{what} must be an object")
+    return value
+
+
+def _list(value: object, what: str, most: int) -> list[object]:
+    if not isinstance(value, list) or len(value) > most:
+        raise ResultError(f"{what} must be a list of at most {most}")
+    return value
+
+
+def _text(value: object, what: str, most: int) -> str:
+    if not isinstance(value, str) or len(value) > most:
+        raise ResultError(f"{what} must be text of at most {most} characters")
+    return value
+
+
+def _count(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise ResultError(f"{what} must be a whole number from 0 to {MAX_COUNT}")
+    return value
+
+
+def _number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e9:
+        raise ResultError(f"{what} must be a number of seconds")
+    return float(value)
+
+
+def _flag(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ResultError(f"{what} must be true or false")
+    return value
