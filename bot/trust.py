@@ -28,7 +28,6 @@ APPROVE_ACTION_LABEL = "Approve and run"
 APPROVE_ACTION_DESCRIPTION = "Approve this commit for GPU runs"
 
 
-
 class Trust(StrEnum):
     """What an event means for running the PR's head commit on GPU hosts."""
 
