@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 from redis import Redis
 
-from bot import runs, scheduler
+from bot import hostlink, runs, scheduler
 from bot.github_app import GitHubApp
 from bot.runs import Run, RunState, RunTrigger
 from contract import keys
@@ -219,6 +219,7 @@ class Bench:
         """Scheduling rounds until every run is over (completed or cancelled)."""
         deadline = time.monotonic() + timeout_s
         while True:
+            hostlink.drain(self.conn)  # what the host said, as the events process applies it
             done = scheduler.tick(self.conn, self.source_token, self.api_url)
             if done.failed:
                 print(f"  scheduler failed runs: {done.failed}", file=sys.stderr)
@@ -399,6 +400,7 @@ def cancel_active(conn: Redis) -> None:
     active = [r for r in runs.list_runs(conn, limit=1000) if r.active]
     for run in active:
         runs.update_run(conn, run, state=RunState.CANCELLED, wait_reason="benchmark interrupted")
+        hostlink.cancel(conn, run)
     if any(r.state in runs.DISPATCHED for r in active):
         time.sleep(2.5)
 

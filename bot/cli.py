@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--hosts", type=Path, help="hosts inventory JSON: which batch can run where")
     check.set_defaults(handler=cmd_config_check)
 
+    acl = sub.add_parser(
+        "redis-acl", help="print the Redis ACL file: the bot's user and one user per GPU host"
+    )
+    acl.add_argument("hosts", nargs="+", metavar="HOST", help="the GPU hosts' GPUCI_HOST names")
+    acl.set_defaults(handler=cmd_redis_acl)
+
     gpus = sub.add_parser("gpus", help="this host's GPUs, idle or why not; exit 2 if unusable")
     gpus.add_argument("--json", action="store_true", help="print a hosts inventory (JSON)")
     gpus.add_argument(
@@ -152,8 +158,9 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     from redis import Redis
     from rq import SimpleWorker
 
+    from bot.hostlink import HostLinkPump
     from bot.inbox import EVENTS_QUEUE, start_pump
-    from workers.host import REPORTS_QUEUE
+    from bot.reporting import REPORTS_QUEUE
 
     if _github_app(settings, "events") is None:  # only the jobs use it; check it at start
         return EXIT_UNUSABLE
@@ -164,6 +171,8 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
     conn = Redis.from_url(settings.redis_url)
     # a thread, with a client of its own: accepted deliveries (the web's inbox) -> jobs
     start_pump(Redis.from_url(settings.redis_url, socket_timeout=30))
+    # another: the GPU hosts' messages (started, finished with a report...) -> runs, reports
+    HostLinkPump(Redis.from_url(settings.redis_url, socket_timeout=30)).start()
     # RQ's scheduler process (it runs the retries of failed jobs when they fall due) dies with a
     # Redis outage and is restarted by the worker's maintenance pass: every minute, not every
     # 10 (the blocking dequeue returns every worker_ttl - 15 s, so maintenance can run).
@@ -271,6 +280,18 @@ def _host_runtimes(settings: Settings) -> Any:
         return str(exc)
 
 
+def cmd_redis_acl(args: argparse.Namespace, settings: Settings) -> int:
+    from contract.acl import acl_file
+    from contract.hostlink import ProtocolError
+
+    try:
+        print(acl_file(args.hosts), end="")
+    except ProtocolError as exc:
+        print(f"gpuci redis-acl: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    return EXIT_OK
+
+
 def cmd_run_batch(args: argparse.Namespace, settings: Settings) -> int:
     from redis.exceptions import RedisError
 
@@ -368,24 +389,26 @@ def _log_to_stderr(settings: Settings) -> None:
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     import dataclasses
     import os
+    import signal
 
     from redis import Redis
     from redis.exceptions import RedisError
-    from rq.worker_pool import WorkerPool
 
+    from contract.hostlink import ProtocolError, check_host_name
     from workers.cleanup import sweep_workdirs
     from workers.gpus import GpuBackendError, open_backend
-    from workers.host import HostHeartbeat, HostWorker, host_queue, publish_host, recover_host_runs
+    from workers.host import Host, HostHeartbeat, publish_host
     from workers.hostsetup import HostSetup, HostSetupError
 
     host = args.host or settings.host
-    os.environ["GPUCI_HOST"] = host  # the pool's forked workers read their settings again
+    os.environ["GPUCI_HOST"] = host  # each run's process reads its settings again
     settings = dataclasses.replace(settings, host=host)
     try:
+        check_host_name(host)
         backend = open_backend(settings.gpu_backend)
         slots = args.slots or len(backend.snapshot()) + 1
         setup = HostSetup.from_settings(settings)
-    except (GpuBackendError, HostSetupError) as exc:
+    except (GpuBackendError, HostSetupError, ProtocolError) as exc:
         print(f"gpuci worker: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     for warning in setup.warnings:
@@ -393,28 +416,29 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     sweep_workdirs(Path(settings.work_dir), time.time())
     provides = setup.runtimes.provides()
     conn = Redis.from_url(settings.redis_url)
+    worker = Host(conn, settings, slots)
     try:
         publish_host(conn, settings, backend, slots, provides)
-        lost = recover_host_runs(conn, host)
+        lost = worker.start()
     except RedisError as exc:
         print(
             f"gpuci worker: Redis at {settings.redis_url} is unreachable ({exc})", file=sys.stderr
         )
         return EXIT_UNUSABLE
     _log_to_stderr(settings)
-    print(f"gpuci worker: {host} ({backend.describe()}), {slots} slots, queue {host_queue(host)}")
+    print(f"gpuci worker: {host} ({backend.describe()}), {slots} slots")
     print(f"gpuci worker: {setup.describe()}")
     if lost:
         print(
-            f"gpuci worker: runs {', '.join(lost)} were running when {host} last stopped: "
-            "re-queued once, or failed"
+            f"gpuci worker: runs {', '.join(lost)} had been taken when {host} last stopped: "
+            "the bot re-queues them once, or fails them"
         )
     heartbeat = HostHeartbeat(conn, settings, backend, slots, provides)
     heartbeat.start()
+    signal.signal(signal.SIGTERM, worker.stop)
+    signal.signal(signal.SIGINT, worker.stop)
     try:
-        # HostWorker: a Redis restart while a batch runs is waited out, not fatal to the worker
-        pool = WorkerPool([host_queue(host)], conn, slots, worker_class=HostWorker)
-        pool.start(burst=args.burst)
+        worker.serve(burst=args.burst)
     finally:
         heartbeat.stop()
     return EXIT_OK
@@ -432,7 +456,8 @@ def cmd_scheduler(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_UNUSABLE
 
     def source_token(run: Run) -> str:
-        return app.source_token(run.installation_id, run.repo.split("/", 1)[1])
+        name = run.repo.split("/", 1)[1]
+        return app.source_token(run.installation_id, name, recheck=run.trust == "approved")
 
     _log_to_stderr(settings)
     conn = Redis.from_url(settings.redis_url)

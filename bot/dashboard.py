@@ -23,10 +23,9 @@ from markupsafe import Markup, escape
 from redis import Redis
 
 from bot import runs
-from bot.runs import Run, RunState
+from bot.runs import Run, RunState, load_result
 from contract import keys, leases
 from contract.settings import Settings
-from workers.host import load_result
 
 blueprint = Blueprint("dashboard", __name__, template_folder="templates")
 

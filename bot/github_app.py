@@ -23,6 +23,8 @@ log = logging.getLogger("gpuci.github")
 # GitHub answers these before doing anything, so even a POST may be sent again.
 NOT_PROCESSED = frozenset({403, 429})
 SOURCE_PERMISSIONS = {"contents": "read"}  # all a GPU host may do with a source token
+# For approved fork code, the host also re-reads the PR before it runs it (workers/host.py).
+RECHECK_PERMISSIONS = {**SOURCE_PERMISSIONS, "pull_requests": "read"}
 SOURCE_TOKEN_MARGIN_S = 15 * 60  # a cached source token is reused while it has this much left
 
 
@@ -95,7 +97,7 @@ class GitHubApp:
         self._clients: dict[int, Github] = {}
         self._installations: dict[str, int] = {}
         self._slug: str | None = None
-        self._source_tokens: dict[tuple[int, str], tuple[str, float]] = {}
+        self._source_tokens: dict[tuple[int, str, bool], tuple[str, float]] = {}
         self.meter: Meter = _no_meter  # replace to count calls (the events worker: in Redis)
 
     @classmethod
@@ -142,23 +144,25 @@ class GitHubApp:
     def repo(self, installation_id: int, full_name: str) -> RepoClient:
         return RepoClient(self.client(installation_id), full_name, self.meter)
 
-    def source_token(self, installation_id: int, repo_name: str) -> str:
-        """An installation token for one repository with `contents: read` only: what a GPU
-        host gets to download the source archive, and nothing more. Reused while it has more
-        than SOURCE_TOKEN_MARGIN_S left (its scope is the same for every run of the repo)."""
+    def source_token(self, installation_id: int, repo_name: str, *, recheck: bool = False) -> str:
+        """An installation token for one repository with `contents: read` only (and, with
+        `recheck`, `pull_requests: read`, for a host to re-read the PR of approved fork code):
+        what a GPU host gets, and nothing more. Reused while it has more than
+        SOURCE_TOKEN_MARGIN_S left (its scope is the same for every such run of the repo)."""
         name = repo_name.rpartition("/")[2]
-        cached = self._source_tokens.get((installation_id, name))
+        permissions = RECHECK_PERMISSIONS if recheck else SOURCE_PERMISSIONS
+        cached = self._source_tokens.get((installation_id, name, recheck))
         if cached and cached[1] - time.time() > SOURCE_TOKEN_MARGIN_S:
             return cached[0]
         _, data = self.integration.requester.requestJsonAndCheck(
             "POST",
             f"/app/installations/{installation_id}/access_tokens",
-            input={"repositories": [name], "permissions": SOURCE_PERMISSIONS},
+            input={"repositories": [name], "permissions": permissions},
         )
         self.meter("POST", "2xx", -1)
         token = str(data["token"])
         expires = epoch(data.get("expires_at")) or time.time() + 3600
-        self._source_tokens[(installation_id, name)] = (token, expires)
+        self._source_tokens[(installation_id, name, recheck)] = (token, expires)
         return token
 
 

@@ -14,9 +14,9 @@ from rq import Queue
 
 from bot import dashboard
 from bot.inbox import EVENTS_QUEUE, pending
+from bot.reporting import REPORTS_QUEUE
 from bot.runs import RunState
 from contract import keys
-from workers.host import REPORTS_QUEUE, host_queue
 
 blueprint = Blueprint("metrics", __name__)
 
@@ -106,10 +106,12 @@ def webhook_counts(conn: Redis) -> Family:
 
 
 def queue_depths(conn: Redis, hosts: Sequence[dashboard.HostView]) -> Family:
-    family = Family("gpuci_queue_jobs", "gauge", "Jobs waiting in each RQ queue.")
-    names = [EVENTS_QUEUE, REPORTS_QUEUE, *(host_queue(h.name) for h in hosts)]
-    for name in names:
+    family = Family("gpuci_queue_jobs", "gauge", "Jobs waiting in each queue.")
+    for name in (EVENTS_QUEUE, REPORTS_QUEUE):
         family.add(Queue(name, connection=conn).count, queue=name)
+    for host in hosts:  # tickets a host has not taken yet, and messages the bot has not read
+        family.add(conn.llen(keys.host_tickets(host.name)), queue=f"host-tickets:{host.name}")
+        family.add(conn.llen(keys.host_outbox(host.name)), queue=f"host-outbox:{host.name}")
     family.add(pending(conn), queue="webhook-inbox")  # accepted deliveries not yet jobs
     family.add(conn.zcard(keys.pending_runs()), queue="pending-runs")
     return family

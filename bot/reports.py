@@ -8,11 +8,11 @@ from typing import Any
 from bot import runs
 from bot.events import batch_check_name, context
 from bot.github_app import RepoClient
-from bot.runs import Run, RunState
+from bot.reporting import REPORTS_QUEUE
+from bot.runs import Run, RunState, load_result
 from bot.timestamps import iso
 from contract import keys
 from contract.checks import annotation_chunks
-from workers.host import REPORTS_QUEUE, load_result
 
 log = logging.getLogger("gpuci.reports")
 

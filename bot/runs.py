@@ -16,6 +16,7 @@ from bot.trust import Approval, ApprovalVia
 from contract import keys
 
 HEAD_SEEN_TTL_S = 30 * 24 * 3600
+RESULT_TTL_S = 30 * 24 * 3600
 CHECK_RECORD_TTL_S = 90 * 24 * 3600
 COMMAND_WINDOW_S = 3600
 ATTEMPT = "attempt"
@@ -255,8 +256,9 @@ def dispatched_runs(conn: Redis) -> list[Run]:
 
 
 def may_run(conn: Redis, run: Run) -> bool:
-    """The worker's trust check at start: default-branch runs, runs decided trusted, or runs
-    whose PR's current approval covers exactly this commit."""
+    """The scheduler's trust check before dispatch: default-branch runs, runs decided trusted,
+    or runs whose PR's current approval covers exactly this commit (the host re-checks the
+    latter with GitHub before it starts)."""
     if run.state is RunState.CANCELLED:
         return False
     if run.pr == 0:
@@ -336,8 +338,26 @@ def cancel_runs(
             done = update_run(
                 conn, run, state=RunState.CANCELLED, conclusion="cancelled", wait_reason=reason
             )
+            if run.host:  # its host stops it (contract.keys.host_cancel)
+                conn.sadd(keys.host_cancel(run.host), run.run_id)
             cancelled.append(done)
     return cancelled
+
+
+# --- results (what the bot made of a host's report) -------------------------------------------
+
+
+def store_result(conn: Redis, run_id: str, data: dict[str, Any]) -> None:
+    """A finished run's summary JSON, Check Run output and log tail (30 days)."""
+    conn.set(keys.result(run_id), json.dumps(data), ex=RESULT_TTL_S)
+
+
+def load_result(conn: Redis, run_id: str) -> dict[str, Any] | None:
+    raw = conn.get(keys.result(run_id))
+    if not raw:
+        return None
+    data = json.loads(raw)
+    return data if isinstance(data, dict) else None
 
 
 # --- approvals and heads ---------------------------------------------------------------------

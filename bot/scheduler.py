@@ -14,23 +14,25 @@ from functools import lru_cache
 from typing import Any
 
 from redis import Redis
-from rq import Queue
 
-from bot import runs
+from bot import hostlink, runs
 from bot.github_app import GitHubApp
+from bot.hostlink import recover_lost_run
 from bot.planner import HostGpuSlot, HostView, PendingRun, Plan, Priority, plan
+from bot.reporting import report
 from bot.runs import Run, RunState, RunTrigger
 from contract import keys, leases
 from contract.config import Batch, ConfigError, HostGpu, Layer, cron_matches, load_config
+from contract.hostlink import Ticket
 from contract.leases import UNREACHABLE
-from workers.host import HOST_TTL_S, Ticket, host_queue, recover_lost_run, report
 
 log = logging.getLogger("gpuci.scheduler")
 
 TICK_S = 2.0
 REDIS_WAIT_MAX_S = 5.0  # the longest wait between rounds while Redis is unreachable
 SCHEDULER_TTL_S = 30  # /healthz calls the scheduler gone when its last round is older
-JOB_MARGIN_S = 900  # RQ's job timeout = the batch's timeout + this (the runner kills first)
+HOST_TTL_S = 15  # a host whose heartbeat is older than this is drained (workers.host's TTL)
+TICKET_MARGIN_S = 900  # a ticket not taken by its batch's timeout + this is not started
 PRIORITIES = {
     RunTrigger.PULL_REQUEST: Priority.PULL_REQUEST,
     RunTrigger.SCHEDULE: Priority.SCHEDULED,
@@ -166,6 +168,11 @@ def _dispatch(
         run = runs.get_run(conn, assignment.run_id)
         if run is None or run.state is not RunState.PENDING:
             continue
+        if not runs.may_run(conn, run):
+            _fail(
+                conn, run, f"refused: commit {run.sha[:10]} is no longer trusted or approved", done
+            )
+            continue
         owner = leases.new_owner(run.run_id)
         indices = list(assignment.gpu_indices)
         ttl = _lease_ttl()
@@ -213,15 +220,23 @@ def _send(
     if assigned is None:
         leases.release(conn, host, indices, owner)
         return
-    ticket = Ticket(run.run_id, indices, owner, api_url, token)
-    timeout = batch_of(run).timeout_s + JOB_MARGIN_S
-    Queue(host_queue(host), connection=conn).enqueue(
-        "workers.host.execute_run",
-        ticket.to_json(),
-        job_timeout=timeout,
-        job_id=f"run-{run.run_id}-{assigned.attempts}",
-        result_ttl=3600,
+    approval = runs.approval_for(conn, run.repo, run.pr) if run.trust == "approved" else None
+    ticket = Ticket(
+        run_id=run.run_id,
+        repo=run.repo,
+        sha=run.sha,
+        batch=run.batch,
+        config_text=run.config_text,
+        gpu_indices=indices,
+        lease_owner=owner,
+        api_url=api_url,
+        source_token=token,
+        trust="approved" if run.trust == "approved" else "trusted",
+        pr=run.pr,
+        approver=approval.approver if approval else "",
+        deadline=time.time() + batch_of(run).timeout_s + TICKET_MARGIN_S,
     )
+    hostlink.dispatch(conn, host, ticket)
     done.dispatched.append(run.run_id)
     log.info(
         "run=%s repo=%s sha=%s batch=%s host=%s gpus=%s dispatched",

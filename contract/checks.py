@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from contract.results import Failure, GpuInfo, Summary, count_line
+from contract.results import Failure, GpuInfo, RunReport, Summary, count_line
 
 MAX_BYTES = 65535  # GitHub's limit on a Check Run's summary and text
 ANNOTATIONS_PER_REQUEST = 50
@@ -355,3 +355,49 @@ def gpu_json(gpu: GpuInfo) -> dict[str, Any]:
         "driver": gpu.driver_version,
         "cuda": gpu.cuda_version,
     }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A run's report judged: its conclusion and title, its Check Run output, its JSON."""
+
+    conclusion: Conclusion
+    title: str
+    output: CheckOutput
+    data: dict[str, Any]  # summary_json, plus host, notes, runtime
+
+
+def judge(report: RunReport, *, batch: str, allow_no_tests: bool, sha: str, host: str) -> Verdict:
+    """What a run's report means, decided the same way on the host (`gpuci run-batch`) and by
+    the bot (a worker's result): the bot judges with its own config, the host only reports."""
+    conclusion, title = conclude(
+        report.summary,
+        allow_no_tests=allow_no_tests,
+        timed_out=report.timed_out,
+        cancelled=report.cancelled,
+        error=report.error,
+    )
+    if report.stopped:
+        title = _short(f"Stopped: {report.stopped}")
+    output = render_check_output(
+        batch=batch,
+        sha=sha,
+        summary=report.summary,
+        conclusion=conclusion,
+        title=title,
+        gpus=report.gpus,
+        host=host,
+        log_tail=report.log_tail,
+        notes=report.notes,
+        runtime=report.runtime,
+    )
+    data = summary_json(
+        batch=batch,
+        sha=sha,
+        conclusion=conclusion,
+        title=title,
+        summary=report.summary,
+        gpus=report.gpus,
+    )
+    data.update(host=host, notes=list(report.notes), runtime=dict(report.runtime))
+    return Verdict(conclusion, title, output, data)

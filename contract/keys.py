@@ -49,8 +49,13 @@ def host_junit(host: str, run_id: str) -> str:
 
 
 def host_messages_seen() -> str:
-    """Hash host -> the count of its messages the bot applied (for /metrics)."""
+    """Hash "host:outcome" -> the count of its messages the bot read, by what it did."""
     return f"{PREFIX}:host-messages"
+
+
+def host_messages_rejected() -> str:
+    """List: the last messages from hosts the bot refused, and why (JSON), for a human."""
+    return f"{PREFIX}:host-messages:rejected"
 
 
 def delivery(delivery_id: str) -> str:

@@ -106,6 +106,7 @@ class RunReport:
     timed_out: bool = False
     cancelled: bool = False
     error: str | None = None
+    stopped: str | None = None  # why the host stopped it (its GPU leases were lost)
     gpus: list[GpuInfo] = field(default_factory=list)
     runtime: dict[str, str] = field(default_factory=dict)
     log_tail: str = ""
@@ -127,6 +128,7 @@ class RunReport:
             "timed_out": self.timed_out,
             "cancelled": self.cancelled,
             "error": self.error,
+            "stopped": self.stopped,
             "gpus": [
                 {**g.__dict__, "processes": [p.__dict__ for p in g.processes]} for g in self.gpus
             ],
@@ -145,6 +147,7 @@ class RunReport:
             timed_out=_flag(d.get("timed_out", False), "timed_out"),
             cancelled=_flag(d.get("cancelled", False), "cancelled"),
             error=None if d.get("error") is None else _text(d["error"], "error", MAX_SHORT),
+            stopped=None if d.get("stopped") is None else _text(d["stopped"], "stopped", 400),
             gpus=[_gpu(g) for g in _list(d.get("gpus", []), "gpus", MAX_GPUS)],
             runtime={
                 _text(k, "runtime key", 40): _text(v, "runtime value", 400)

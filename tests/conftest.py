@@ -88,10 +88,12 @@ class Stack:
         from rq.job import Job
         from rq.registry import FailedJobRegistry
 
+        from bot import hostlink
         from bot.inbox import EVENTS_QUEUE, Pump
 
         queue = Queue(queue_name, connection=self.redis)
         pump = Pump(self.redis) if queue_name == EVENTS_QUEUE else None
+        hostlink.drain(self.redis)  # hosts' messages, as the events process's pump applies them
         while (pump.drain() if pump else 0) or queue.count:
             SimpleWorker([queue], connection=self.redis).work(burst=True)
         failed = FailedJobRegistry(queue=queue).get_job_ids()
@@ -99,6 +101,17 @@ class Stack:
             result = Job.fetch(job_id, connection=self.redis).latest_result()
             pytest.fail(f"{queue_name} job failed:\n{result.exc_string if result else job_id}")
         return len(failed)
+
+    def work_host(self) -> int:
+        """Run this host's tickets here, one after another (as `gpuci worker --burst` would,
+        without a process per run), then apply its messages; how many tickets ran."""
+        from bot import hostlink
+        from contract.settings import Settings
+        from workers.host import work_burst
+
+        done = work_burst(self.redis, Settings.from_env())
+        hostlink.drain(self.redis)
+        return done
 
     def deliver(self, event: str, payload: dict[str, Any], delivery_id: str) -> None:
         """A signed webhook straight to gpuci, for events fakehub does not send."""
@@ -141,6 +154,7 @@ def serve_stack(
     """fakehub with `world_path` delivering to gpuci's web app on a real port; the environment
     the events, scheduler and worker processes read their settings from."""
     from app import create_app
+    from bot.hostlink import HostLinkPump
     from contract.settings import Settings
     from fakehub.testing import running, serving
     from fakehub.world import load_world
@@ -162,7 +176,13 @@ def serve_stack(
                 "GPUCI_GITHUB_WRITE_INTERVAL_S": "0",
             }.items():
                 monkeypatch.setenv(name, value)
-            yield Stack(hub, web_url, redis_conn)
+            # the GPU hosts' messages applied as they come, as the events process does
+            pump = HostLinkPump(Redis.from_url(redis_url))
+            pump.start()
+            try:
+                yield Stack(hub, web_url, redis_conn)
+            finally:
+                pump.stop()
 
 
 @pytest.fixture

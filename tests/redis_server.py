@@ -26,9 +26,14 @@ class PrivateRedis:
     it (SIGTERM: a persistent server writes its data first); `start()` again finds that data
     when `persistent`. After `close()` it stays stopped, whatever thread asks."""
 
-    def __init__(self, workdir: Path, *, persistent: bool = False) -> None:
+    def __init__(
+        self, workdir: Path, *, persistent: bool = False, aclfile: Path | None = None
+    ) -> None:
         self.port, self.workdir, self.persistent = free_port(), workdir, persistent
+        self.aclfile = aclfile
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        if aclfile is not None:  # `url` is the bot's: the ACL's default user is off
+            self.url = self.url_as("gpuci-bot", "bot-password")
         self.proc: subprocess.Popen[bytes] | None = None
         self.closed = False
         self._lock = threading.Lock()
@@ -39,7 +44,11 @@ class PrivateRedis:
         config = [str(PERSISTENCE_CONF)] if self.persistent else []
         options = [] if self.persistent else ["--save", "", "--appendonly", "no"]
         where = ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir)]
-        return [binary, *config, *where, *options]
+        acl = ["--aclfile", str(self.aclfile)] if self.aclfile else []
+        return [binary, *config, *where, *options, *acl]
+
+    def url_as(self, user: str, password: str) -> str:
+        return f"redis://{user}:{password}@127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         with self._lock:
@@ -75,11 +84,13 @@ class PrivateRedis:
 
 
 @contextlib.contextmanager
-def private_redis_server(workdir: Path, *, persistent: bool = False) -> Iterator[PrivateRedis]:
+def private_redis_server(
+    workdir: Path, *, persistent: bool = False, aclfile: Path | None = None
+) -> Iterator[PrivateRedis]:
     """A started PrivateRedis, stopped at the end; the test is skipped without redis-server."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server not installed")
-    server = PrivateRedis(workdir, persistent=persistent)
+    server = PrivateRedis(workdir, persistent=persistent, aclfile=aclfile)
     server.start()
     try:
         yield server

@@ -18,7 +18,7 @@ from markupsafe import escape
 from redis import Redis
 
 from app import create_app
-from bot import runs
+from bot import hostlink, runs
 from bot.dashboard import (
     COOKIE,
     GpuStatus,
@@ -27,13 +27,14 @@ from bot.dashboard import (
     render_markdown,
     results_visible,
 )
-from bot.runs import Run, RunState, RunTrigger
+from bot.runs import Run, RunState, RunTrigger, load_result
 from contract import keys, leases
 from contract.config import load_config
+from contract.hostlink import HostMessage, Kind
 from contract.settings import Settings
 from workers.batch import conclude_run
 from workers.gpus import open_backend
-from workers.host import load_result, publish_host, store_result
+from workers.host import publish_host
 from workers.runner import RunOutcome
 
 PLUGIN = Path(__file__).resolve().parent.parent / "workers" / "pytest_plugin"
@@ -113,9 +114,10 @@ def new_run(conn: Redis, repo: str = "acme/gpu", pr: int = 7, **changes: Any) ->
 
 
 def finished_run(conn: Redis, done: PytestRun, repo: str = "acme/gpu") -> tuple[Run, dict]:
-    """A run as the GPU worker leaves it: result and JUnit stored, run completed."""
+    """A run as the GPU worker leaves it: its report sent and its JUnit uploaded, and the bot
+    has applied them (result and JUnit stored, run completed)."""
     run = new_run(conn, repo, state=RunState.RUNNING, host="h20-01", gpus=(0,), check_run_id=42)
-    run = runs.update_run(conn, run, started_at=run.created_at)
+    run = runs.update_run(conn, run, started_at=run.created_at, lease_owner=f"{run.run_id}:x")
     outcome = RunOutcome(
         exit_code=1,
         timed_out=False,
@@ -133,11 +135,15 @@ def finished_run(conn: Redis, done: PytestRun, repo: str = "acme/gpu") -> tuple[
     batch = load_config(CONFIG).batches["2"]
     gpus = open_backend("sim:8xH20-96GB").snapshot()[:1]
     result = conclude_run(Settings(host="h20-01"), batch, SHA, gpus, outcome)
-    store_result(conn, run.run_id, result)
-    run = runs.finish_run(conn, run, conclusion=result.conclusion.value, title=result.title)
+    conn.set(keys.host_junit("h20-01", run.run_id), gzip.compress(done.junit.read_bytes()))
+    report = result.report.to_json()
+    message = HostMessage(Kind.FINISHED, run.run_id, run.lease_owner, result=report)
+    assert hostlink.handle(conn, "h20-01", message.to_json()) == "finished"
     stored = load_result(conn, run.run_id)
     assert stored is not None
-    return run, stored
+    done_run = runs.get_run(conn, run.run_id)
+    assert done_run is not None
+    return done_run, stored
 
 
 def host_settings(name: str) -> Settings:

@@ -158,6 +158,15 @@ def test_redis_acl_file_has_only_user_lines() -> None:
     assert lines and all(line.startswith("user ") for line in lines)
 
 
+def test_the_shipped_acl_file_is_what_gpuci_redis_acl_prints(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bot.cli import main
+
+    assert main(["redis-acl", "h20-01", "h20-02"]) == 0
+    assert capsys.readouterr().out == (ROOT / "deploy" / "redis-acl.conf").read_text()
+
+
 def test_tests_named_in_the_security_doc_exist() -> None:
     """docs/security.md names the test covering each threat: each name must be a real test."""
     text = (ROOT / "docs" / "security.md").read_text()

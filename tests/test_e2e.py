@@ -20,14 +20,15 @@ from rq import Queue
 
 from bot import runs, scheduler
 from bot.github_app import GitHubApp
-from bot.runs import Run, RunState
+from bot.reporting import REPORTS_QUEUE
+from bot.runs import Run, RunState, load_result
 from contract import keys, leases
 from contract.checks import inline
 from contract.settings import Settings
 from tests.conftest import Stack, serve_stack
 from tests.test_cli import SAMPLE_OUTCOMES
 from workers.gpus import open_backend
-from workers.host import REPORTS_QUEUE, host_queue, load_result, publish_host
+from workers.host import publish_host
 
 E2E_WORLD = Path(__file__).parent / "data" / "world-e2e.yml"
 HOST = "sim-h20-01"
@@ -57,7 +58,8 @@ def schedule(stack: Stack) -> scheduler.TickReport:
     app = GitHubApp.from_settings(settings)
 
     def source_token(run: Run) -> str:
-        return app.source_token(run.installation_id, run.repo.split("/", 1)[1])
+        name = run.repo.split("/", 1)[1]
+        return app.source_token(run.installation_id, name, recheck=run.trust == "approved")
 
     return scheduler.tick(stack.redis, source_token, settings.github_api_url)
 
@@ -68,7 +70,7 @@ def run_everything(stack: Stack) -> None:
     for _ in range(10):
         register_host(stack.redis)  # the heartbeat a real `gpuci worker` renews every 3 s
         done = schedule(stack)
-        stack.process(host_queue(HOST))
+        stack.work_host()
         stack.process(REPORTS_QUEUE)
         if not done.dispatched and not runs.pending_runs(stack.redis):
             return
@@ -137,7 +139,7 @@ def test_check_run_goes_queued_in_progress_completed(loop: Stack) -> None:
     )
     try:
         assert schedule(loop).dispatched
-        loop.process(host_queue(HOST))
+        loop.work_host()
         wait_for(lambda: Queue(REPORTS_QUEUE, connection=loop.redis).count == 0)
         time.sleep(0.5)  # the last job may still be in flight after leaving the queue
     finally:

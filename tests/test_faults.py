@@ -19,7 +19,8 @@ from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegis
 
 from bot import runs
 from bot.inbox import EVENTS_QUEUE, Pump
-from bot.runs import Run, RunState
+from bot.reporting import REPORTS_QUEUE
+from bot.runs import Run, RunState, load_result
 from contract import keys, leases
 from tests.conftest import Stack
 from tests.test_cli import SAMPLE_OUTCOMES
@@ -31,7 +32,7 @@ from tests.test_e2e import (  # noqa: F401  (loop is a fixture)
     state_of,
     wait_for,
 )
-from workers.host import HOST_TTL_S, REPORTS_QUEUE, host_queue, load_result
+from workers.host import HOST_TTL_S
 
 LOST = f"worker lost on {HOST}"
 CHECKS_PATH = "/repos/acme/sample/check-runs/*"
@@ -198,7 +199,7 @@ def _completed_runs(stack: Stack) -> tuple[dict[str, Any], dict[str, Run]]:
     stack.process()
     register_host(stack.redis)
     assert len(schedule(stack).dispatched) == 3
-    stack.process(host_queue(HOST))
+    stack.work_host()
     done = {b: current(stack, run_of(stack, pr["number"], b).run_id) for b in ("cpu", "1", "2")}
     assert {r.state for r in done.values()} == {RunState.COMPLETED}
     return pr, done

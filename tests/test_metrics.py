@@ -20,7 +20,6 @@ from bot.webhooks import signature_of
 from contract import keys, leases
 from contract.settings import Settings
 from tests.test_dashboard import new_run, publish, shared_gpus
-from workers.host import host_queue
 
 SECRET = "metrics-secret"
 
@@ -80,14 +79,16 @@ def test_webhooks_by_event_and_outcome(client: Any) -> None:
 
 def test_queue_depths(client: Any, redis_conn: Redis) -> None:
     publish(redis_conn, "h20-01", "sim:8xH20-96GB")
-    Queue(host_queue("h20-01"), connection=redis_conn).enqueue("builtins.print", "x")
+    redis_conn.lpush(keys.host_tickets("h20-01"), "{}")
+    redis_conn.lpush(keys.host_outbox("h20-01"), "{}", "{}")
     Queue("gpuci-reports", connection=redis_conn).enqueue("builtins.print", "y")
     new_run(redis_conn), new_run(redis_conn, pr=8)
     found = scrape(client)
     assert found['gpuci_queue_jobs{queue="gpuci-events"}'] == 0
     assert found['gpuci_queue_jobs{queue="webhook-inbox"}'] == 0
     assert found['gpuci_queue_jobs{queue="gpuci-reports"}'] == 1
-    assert found['gpuci_queue_jobs{queue="gpuci-host-h20-01"}'] == 1
+    assert found['gpuci_queue_jobs{queue="host-tickets:h20-01"}'] == 1
+    assert found['gpuci_queue_jobs{queue="host-outbox:h20-01"}'] == 2
     assert found['gpuci_queue_jobs{queue="pending-runs"}'] == 2
 
 

@@ -17,17 +17,18 @@ from typing import IO, Any, cast
 import pytest
 from redis import Redis
 from rq import Queue
-from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry
 
 from bot import runs, scheduler
 from bot.github_app import GitHubApp
-from bot.runs import Run, RunState
+from bot.reporting import REPORTS_QUEUE
+from bot.runs import Run, RunState, load_result
 from contract import keys, leases
+from contract.settings import Settings
 from tests.conftest import SAMPLE_REPO, Stack
 from tests.redis_server import PrivateRedis, private_redis_server, stack_on
 from tests.test_cli import SAMPLE_OUTCOMES
-from workers.host import REPORTS_QUEUE, HostWorker, host_queue, load_result
+from workers.host import Host
 
 HOST = "sim-h20-01"
 
@@ -91,51 +92,35 @@ def test_a_lease_heartbeat_rides_out_a_restart_shorter_than_the_lease(
         assert heartbeat.reason is not None and "no renewal for 3 s" in heartbeat.reason
 
 
-def sleeps(mark: str, seconds: float) -> None:
-    """An RQ job (importable, for the forked horse): says it started, then sleeps."""
-    Path(mark).touch()
-    time.sleep(seconds)
-
-
-def fails(mark: str, seconds: float) -> None:
-    """An RQ job that says it started, then fails `seconds` later."""
-    sleeps(mark, seconds)
-    raise RuntimeError("the batch failed")
-
-
-@pytest.mark.parametrize(
-    ("job", "seconds", "outcome"),
-    [
-        pytest.param(sleeps, 5.0, JobStatus.FINISHED, id="a job outlasting the outage"),
-        pytest.param(fails, 1.0, None, id="a job failing during the outage"),
-    ],
-)
-def test_the_host_worker_keeps_working_through_a_restart(
+def test_the_host_loop_keeps_taking_tickets_through_a_restart(
     redis_server: PrivateRedis,
+    monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
-    job: Callable[[str, float], None],
-    seconds: float,
-    outcome: JobStatus | None,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Redis is down for 2.5 s from the moment the job starts; RQ's heartbeat of the job runs
-    every second. The worker waits for Redis, then works the next job."""
+    """Redis is down for 2.5 s while the host waits for tickets; the host waits it out and runs
+    the next ticket (here one that is not a ticket: its own process drops it)."""
+    monkeypatch.setenv("REDIS_URL", redis_server.url)
+    monkeypatch.setenv("GPUCI_HOST", HOST)
+    monkeypatch.setenv("GPUCI_WORK_DIR", str(tmp_path / "runs"))
     conn = Redis.from_url(redis_server.url)
-    queue = Queue("gpuci-host-test", connection=conn)
-    mark = tmp_path / "started"
-    first = queue.enqueue(job, str(mark), seconds)
-    second = queue.enqueue(time.sleep, 0)
-    worker = HostWorker([queue], connection=conn, job_monitoring_interval=1)
-    restarted = restart_when(redis_server, mark.exists, 2.5)
+    settings = Settings.from_env(dotenv=None)
+    host = Host(conn, settings, slots=1)
     caplog.set_level(logging.WARNING, logger="gpuci.worker")
-    assert worker.work(burst=True)
-    restarted()
-    assert Job.fetch(second.id, connection=conn).get_status() == JobStatus.FINISHED
-    if outcome is not None:
-        assert Job.fetch(first.id, connection=conn).get_status() == outcome
-        assert "RQ heartbeat skipped: Redis unreachable" in caplog.text
-    else:  # the horse could not record its failure; RQ's cleanup of abandoned jobs will
-        assert "watching its horse: Redis unreachable" in caplog.text
+    serving = threading.Thread(target=host.serve)
+    serving.start()
+    try:
+        restart_when(redis_server, lambda: True, 2.5)()
+        conn.lpush(keys.host_tickets(HOST), b"not a ticket")
+        deadline = time.monotonic() + 30
+        while conn.llen(keys.host_tickets(HOST)) or conn.llen(keys.host_taken(HOST)):
+            assert time.monotonic() < deadline, "the ticket was not taken after the restart"
+            time.sleep(0.1)
+    finally:
+        host.stop()
+        serving.join(timeout=30)
+    assert not serving.is_alive()
+    assert "taking tickets: Redis unreachable" in caplog.text
 
 
 def test_the_scheduler_waits_for_redis_with_growing_pauses(
@@ -368,10 +353,10 @@ def test_runs_finish_with_their_true_results_across_a_redis_restart(
         assert len(completions) == 1, batch  # the final update was sent once
     assert all(owner is None for owner in leases.holders(stack.redis, HOST, range(8)).values())
     assert runs.dispatched_runs(stack.redis) == []
-    for queue_name in (host_queue(HOST), REPORTS_QUEUE):
+    for queue_name in (REPORTS_QUEUE,):
         queue = Queue(queue_name, connection=stack.redis)
         assert FailedJobRegistry(queue=queue).get_job_ids() == [], queue_name
     worker_log = processes.log("worker")
-    for waited in (f"run={before['1'].run_id} store the result: Redis unreachable", "not renewed"):
+    for waited in (f"run={before['1'].run_id} upload JUnit: Redis unreachable", "not renewed"):
         assert waited in worker_log, processes.tails()
     print(f"outage {outage_s:.1f} s, whole run {elapsed_s:.1f} s")

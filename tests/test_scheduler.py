@@ -11,12 +11,13 @@ from redis import Redis
 from rq import Queue
 
 from bot import runs, scheduler
+from bot.reporting import REPORTS_QUEUE
 from bot.runs import Run, RunState, RunTrigger
 from contract import keys, leases
 from contract.settings import Settings
 from tests.conftest import SAMPLE_REPO
 from workers.gpus import open_backend
-from workers.host import REPORTS_QUEUE, host_queue, publish_host
+from workers.host import publish_host
 
 CONFIG = (SAMPLE_REPO / ".gpuci.yml").read_text()
 HOST = "h1"
@@ -73,7 +74,7 @@ def test_several_batches_are_packed_onto_disjoint_gpus(
     used = [set(runs.get_run(redis_conn, r.run_id).gpus) for r in made]  # type: ignore[union-attr]
     assert sum(len(u) for u in used) == 7
     assert len(set().union(*used)) == 7  # no GPU twice
-    assert Queue(host_queue(HOST), connection=redis_conn).count == 3
+    assert redis_conn.llen(keys.host_tickets(HOST)) == 3
 
 
 def test_a_batch_no_host_can_ever_run_fails_at_once(redis_conn: Redis, settings: Settings) -> None:
@@ -147,13 +148,13 @@ def test_worker_requeues_when_a_gpu_got_busy_before_start(
     assert leases.holders(redis_conn, HOST, [0])[0] is None
 
 
-def test_worker_refuses_a_commit_whose_approval_was_voided(
+def test_a_commit_whose_approval_was_voided_is_never_dispatched(
     redis_conn: Redis, settings: Settings
 ) -> None:
     register(redis_conn, settings)
     run = pending(redis_conn, "1", trust="approved")  # approved once; no approval stored now
-    assert tick(redis_conn).dispatched == [run.run_id]
-    process_host_queue(redis_conn)
+    assert tick(redis_conn).dispatched == []
+    assert redis_conn.llen(keys.host_tickets(HOST)) == 0  # no ticket, no source token minted
     refused = runs.get_run(redis_conn, run.run_id)
     assert refused is not None
     assert (refused.state, refused.conclusion) == (RunState.COMPLETED, "failure")
@@ -173,9 +174,12 @@ def test_cancelled_before_start_does_nothing(redis_conn: Redis, settings: Settin
 
 
 def process_host_queue(conn: Redis) -> None:
-    from rq import SimpleWorker
+    """The host runs its tickets here; the bot applies what it says."""
+    from bot import hostlink
+    from workers.host import work_burst
 
-    SimpleWorker([Queue(host_queue(HOST), connection=conn)], connection=conn).work(burst=True)
+    work_burst(conn, Settings.from_env(dotenv=None))
+    hostlink.drain(conn)
 
 
 def test_a_host_takes_no_more_runs_than_its_slots(redis_conn: Redis, settings: Settings) -> None:
@@ -212,7 +216,7 @@ def test_runs_asked_for_together_start_largest_first(redis_conn: Redis, settings
 def test_a_restarted_worker_requeues_what_it_was_running(
     redis_conn: Redis, settings: Settings
 ) -> None:
-    from workers.host import recover_host_runs
+    from bot.hostlink import recover_host_runs
 
     register(redis_conn, settings)
     running, assigned = pending(redis_conn, "1"), pending(redis_conn, "2")

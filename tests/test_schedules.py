@@ -8,6 +8,7 @@ import pytest
 
 from bot import runs
 from bot.github_app import GitHubApp
+from bot.reporting import REPORTS_QUEUE
 from bot.runs import RunState, RunTrigger
 from bot.scheduler import Schedules
 from contract import keys
@@ -15,7 +16,6 @@ from contract.config import cron_matches
 from contract.settings import Settings
 from tests.conftest import Stack
 from tests.test_e2e import loop, run_everything  # noqa: F401  (loop is a fixture)
-from workers.host import REPORTS_QUEUE
 
 SATURDAY_16 = datetime(2026, 12, 5, 16, 0, tzinfo=UTC)
 

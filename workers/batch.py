@@ -6,16 +6,16 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from redis import Redis
 
 from contract import leases
-from contract.checks import CheckOutput, Conclusion, conclude, render_check_output, summary_json
+from contract.checks import CheckOutput, Conclusion, Verdict, judge
 from contract.config import Batch, Config, HostGpu, gpu_matches
-from contract.results import GpuInfo, Summary
+from contract.results import GpuInfo, RunReport, Summary
 from contract.settings import Settings
 from workers.gpus import GpuBackend, GpuState, gpu_states, open_backend
 from workers.hostsetup import HostSetup, HostSetupError, RuntimeUnavailable
@@ -37,33 +37,34 @@ class BatchError(Exception):
 
 @dataclass
 class BatchResult:
+    """A batch that ran here: what its host reports (`report`), judged (`verdict`)."""
+
     batch: str
     sha: str
     host: str
-    conclusion: Conclusion
-    title: str
-    summary: Summary
-    gpus: list[GpuInfo]
+    report: RunReport
+    verdict: Verdict
     outcome: RunOutcome
-    output: CheckOutput
-    notes: list[str] = field(default_factory=list)
+
+    @property
+    def conclusion(self) -> Conclusion:
+        return self.verdict.conclusion
+
+    @property
+    def title(self) -> str:
+        return self.verdict.title
+
+    @property
+    def output(self) -> CheckOutput:
+        return self.verdict.output
+
+    @property
+    def summary(self) -> Summary:
+        return self.report.summary
 
     def to_json(self) -> dict[str, Any]:
-        data = summary_json(
-            batch=self.batch,
-            sha=self.sha,
-            conclusion=self.conclusion,
-            title=self.title,
-            summary=self.summary,
-            gpus=self.gpus,
-        )
-        data.update(
-            host=self.host,
-            log_path=str(self.outcome.log_path),
-            junit_path=str(self.outcome.junit_path),
-            notes=self.notes,
-            runtime=self.outcome.runtime,
-        )
+        data = dict(self.verdict.data)
+        data.update(log_path=str(self.outcome.log_path), junit_path=str(self.outcome.junit_path))
         return data
 
 
@@ -294,34 +295,32 @@ def _run(
 def conclude_run(
     settings: Settings, batch: Batch, sha: str, gpus: list[GpuInfo], outcome: RunOutcome
 ) -> BatchResult:
-    """The run's counts, conclusion and Check Run output, from its JUnit files and outcome."""
-    summary, error = _summarize(outcome)
-    conclusion, title = conclude(
-        summary,
+    """The run's report (counts from its JUnit files, how it ended), judged as the bot would."""
+    report = report_of(outcome, gpus)
+    verdict = judge(
+        report,
+        batch=batch.name,
         allow_no_tests=batch.allow_no_tests,
+        sha=sha,
+        host=settings.host,
+    )
+    return BatchResult(batch.name, sha, settings.host, report, verdict, outcome)
+
+
+def report_of(outcome: RunOutcome, gpus: Sequence[GpuInfo]) -> RunReport:
+    """What the host reports of a run that ended: its summary, how it ended, where it ran."""
+    summary, error = _summarize(outcome)
+    killed = len(outcome.killed_pids)
+    return RunReport(
+        summary=summary,
         timed_out=outcome.timed_out,
         cancelled=outcome.cancelled,
         error=error,
-    )
-    notes = (
-        [f"{len(outcome.killed_pids)} stray processes killed after the run"]
-        if outcome.killed_pids
-        else []
-    )
-    output = render_check_output(
-        batch=batch.name,
-        sha=sha,
-        summary=summary,
-        conclusion=conclusion,
-        title=title,
-        gpus=gpus,
-        host=settings.host,
+        gpus=list(gpus),
+        runtime=dict(outcome.runtime),
         log_tail=outcome.log_tail,
-        notes=notes,
-        runtime=outcome.runtime,
-    )
-    return BatchResult(
-        batch.name, sha, settings.host, conclusion, title, summary, gpus, outcome, output, notes
+        notes=[f"{killed} stray processes killed after the run"] if killed else [],
+        duration_s=outcome.duration_s,
     )
 
 

@@ -1,4 +1,6 @@
-"""A GPU host: publish its GPUs to Redis with a heartbeat and execute the runs assigned to it."""
+"""A GPU host: publish its GPUs with a heartbeat, take the tickets the scheduler gives it, run
+each batch in a process of its own, and tell the bot what happened, all as data on the host's
+own Redis keys (contract.hostlink). A host's Redis login reaches nothing else."""
 
 from __future__ import annotations
 
@@ -6,24 +8,23 @@ import gzip
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import requests
 from redis import Redis
-from rq import Queue, Retry, Worker
-from rq.executions import Execution
-from rq.job import Job
 
-from bot import runs
-from bot.runs import Run, RunState
-from bot.trust import is_sha
 from contract import keys, leases
 from contract.config import ConfigError, load_config
+from contract.hostlink import HostMessage, Kind, ProtocolError, Ticket
 from contract.leases import UNREACHABLE
+from contract.roles import is_sha, role_from_api
 from contract.settings import Settings
 from workers.batch import BatchResult, conclude_run
 from workers.cleanup import disk_problem, finish_workdir, sweep_workdirs, trim_archives
@@ -37,40 +38,15 @@ T = TypeVar("T")
 
 HOST_TTL_S = 15  # a host whose heartbeat is older than this is drained by the scheduler
 HEARTBEAT_S = 3.0
-RESULT_TTL_S = 30 * 24 * 3600
 JUNIT_MAX_BYTES = 8 * 1024 * 1024  # compressed; larger JUnit files are not kept (summary is)
-REPORTS_QUEUE = "gpuci-reports"
-REQUEUE_LIMIT = 1  # a run whose worker was lost is re-queued this many times, then failed
-REPORT_JOB = "bot.reports.report_run"
-REPORT_RETRY_S = [5, 30, 60, 300, 900, 1800]
 REDIS_RETRY_S = (0.5, 1.0, 2.0, 3.0)  # waits while Redis is unreachable (restarting), then 3 s
 # How long one step of a run (its start, its result, its completion) waits for an unreachable
-# Redis before failing; within the scheduler's job margin (bot.scheduler.JOB_MARGIN_S).
+# Redis before failing.
 REDIS_PATIENCE_S = 600.0
-
-
-def host_queue(host: str) -> str:
-    """The RQ queue of one GPU host: the scheduler puts that host's runs there."""
-    return f"gpuci-host-{host}"
-
-
-@dataclass(frozen=True)
-class Ticket:
-    """What the scheduler hands a host for one run: plain values, the only token a
-    `contents: read` one for that repository, used only to fetch the archive at the SHA."""
-
-    run_id: str
-    gpu_indices: tuple[int, ...]
-    lease_owner: str
-    api_url: str
-    source_token: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "gpu_indices": list(self.gpu_indices)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Ticket:
-        return cls(**{**data, "gpu_indices": tuple(data["gpu_indices"])})
+TAKE_WAIT_S = 1  # seconds: how long the main loop blocks for the next ticket
+# Set in a run's process by SIGTERM (the worker is stopping): the batch stops, and the bot
+# hears that it did not finish (it re-queues it once) rather than a result.
+SHUTDOWN = threading.Event()
 
 
 # --- the host's presence ---------------------------------------------------------------------
@@ -95,7 +71,6 @@ def publish_host(
     record: dict[Any, Any] = {
         "gpus": json.dumps([inventory_entry(s) for s in states]),
         "backend": backend.describe(),
-        "queue": host_queue(settings.host),
         "slots": str(slots),
         "runtimes": json.dumps(list(runtimes)),
         "refusing": disk_problem(Path(settings.work_dir), settings.bytes_of("min_free_disk")),
@@ -164,154 +139,295 @@ def through_outage(what: str, step: Callable[[], T], patience_s: float = REDIS_P
             attempt += 1
 
 
-class HostWorker(Worker):
-    """RQ's forking worker as a GPU host runs it: a Redis restart while a batch runs is waited
-    out instead of ending the worker. The batch's horse keeps running and stores its result
-    once Redis is back (`through_outage`); RQ's own heartbeat of the job is skipped meanwhile."""
+def send(conn: Redis, host: str, message: HostMessage) -> None:
+    """Tell the bot something (the host's outbox, oldest message first out)."""
+    raw = message.to_json()
+    through_outage(
+        f"run={message.run_id or '-'} send {message.kind}",
+        lambda: conn.lpush(keys.host_outbox(host), raw),
+    )
 
-    def maintain_heartbeats(self, job: Job, execution: Execution) -> None:
-        try:
-            super().maintain_heartbeats(job, execution)
-        except UNREACHABLE as exc:
-            log.warning("job %s: RQ heartbeat skipped: Redis unreachable (%s)", job.id, exc)
 
-    def monitor_work_horse(self, job: Job, queue: Queue, execution: Execution) -> None:
-        while True:
+# --- the host's loop: tickets in, one process per run ----------------------------------------
+
+
+class Host:
+    """Takes tickets from this host's list while it has free slots and runs each one in a
+    process of its own (`gpuci worker` runs this); SIGTERM stops taking and waits for the runs,
+    which the worker's grace then kills with its cgroup."""
+
+    def __init__(self, conn: Redis, settings: Settings, slots: int):
+        self.conn, self.settings, self.slots = conn, settings, slots
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.stopping = threading.Event()
+
+    def start(self) -> list[str]:
+        """At start: tickets taken by a previous worker that died are lost; the bot hears it."""
+        host = self.settings.host
+        taken = through_outage(
+            "read taken tickets", lambda: self.conn.lrange(keys.host_taken(host), 0, -1)
+        )
+        lost = []
+        for raw in taken:
             try:
-                return super().monitor_work_horse(job, queue, execution)
-            except UNREACHABLE:
-                through_outage(f"job {job.id}: watching its horse", self.connection.ping)
-                if not self.horse_pid:  # it ended while Redis was away; RQ's cleanup settles it
+                ticket = Ticket.from_json(raw)
+            except ProtocolError:
+                continue
+            reason = f"worker restarted on {host}"
+            send(
+                self.conn,
+                host,
+                HostMessage(
+                    Kind.NOT_STARTED, ticket.run_id, ticket.lease_owner, reason, retry=True
+                ),
+            )
+            lost.append(ticket.run_id)
+        through_outage("clear taken tickets", lambda: self.conn.delete(keys.host_taken(host)))
+        send(self.conn, host, HostMessage(Kind.HELLO, reason=f"pid {os.getpid()}"))
+        return lost
+
+    def serve(self, *, burst: bool = False) -> None:
+        """Run tickets until SIGTERM (or, with `burst`, until none is left)."""
+        while not self.stopping.is_set():
+            self._reap()
+            if len(self.children) >= self.slots:
+                time.sleep(0.2)
+                continue
+            raw = self._take()
+            if raw is None:
+                if burst and not self.children:
                     return
+                continue
+            self._spawn(raw)
+        self._wait_for_children()
+
+    def stop(self, *_args: object) -> None:
+        """Take no more tickets; each run stops its batch and tells the bot it did not end."""
+        self.stopping.set()
+        for child in self.children.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+
+    def _take(self) -> bytes | None:
+        host = self.settings.host
+        try:
+            raw: bytes | None = self.conn.blmove(  # type: ignore[assignment]
+                keys.host_tickets(host),
+                keys.host_taken(host),
+                TAKE_WAIT_S,
+                "RIGHT",
+                "LEFT",
+            )
+        except UNREACHABLE as exc:
+            log.warning("taking tickets: Redis unreachable (%s), retrying", exc)
+            time.sleep(REDIS_RETRY_S[-1])
+            return None
+        return raw
+
+    def _spawn(self, raw: bytes) -> None:
+        """The run in a fresh `python -m workers.host` process; the ticket on its stdin (never
+        its command line: the source token must not show in `ps`)."""
+        child = subprocess.Popen(
+            [sys.executable, "-m", "workers.host"], stdin=subprocess.PIPE, start_new_session=False
+        )
+        assert child.stdin is not None
+        child.stdin.write(raw)
+        child.stdin.close()
+        try:
+            run_id = str(json.loads(raw).get("run_id", "?"))
+        except ValueError:
+            run_id = "?"
+        self.children[f"{run_id}:{child.pid}"] = child
+
+    def _reap(self) -> None:
+        for name, child in list(self.children.items()):
+            if child.poll() is not None:
+                del self.children[name]
+
+    def _wait_for_children(self) -> None:
+        for child in self.children.values():
+            child.wait()
+        self.children.clear()
+
+
+def work_burst(conn: Redis, settings: Settings) -> int:
+    """Run every ticket of this host in this process, one after another (tests, `--burst`)."""
+    done = 0
+    host = settings.host
+    while True:
+        raw = conn.lmove(keys.host_tickets(host), keys.host_taken(host), "RIGHT", "LEFT")
+        if raw is None:
+            return done
+        run_ticket(conn, settings, raw if isinstance(raw, bytes) else str(raw).encode())
+        done += 1
+
+
+def main() -> int:
+    """`python -m workers.host`: run the one ticket on stdin (a child of `gpuci worker`)."""
+    from bot.logs import configure
+
+    settings = Settings.from_env()
+    configure(settings.log_format)
+    raw = sys.stdin.buffer.read()
+    conn = Redis.from_url(settings.redis_url)
+    signal.signal(signal.SIGTERM, lambda *_: SHUTDOWN.set())
+    run_ticket(conn, settings, raw)
+    return 0
 
 
 # --- one run on this host ---------------------------------------------------------------------
 
 
 class RunRefused(Exception):
-    """The run must not start here; the message says why (it is reported on the Check Run)."""
+    """The run must not start here; `retry` sends it back to pending (another host may)."""
+
+    def __init__(self, reason: str, *, retry: bool):
+        super().__init__(reason)
+        self.retry = retry
 
 
-def execute_run(ticket_json: dict[str, Any]) -> str:
-    """The RQ job a host worker executes for one assigned run. Each of its Redis steps waits out
-    a Redis restart, so a batch that ends while Redis is down still gets its result stored."""
-    settings = Settings.from_env()
-    conn = Redis.from_url(settings.redis_url)
-    ticket = Ticket.from_json(ticket_json)
-    run = through_outage(f"run={ticket.run_id} read it", lambda: runs.get_run(conn, ticket.run_id))
-    if run is None or run.state is not RunState.ASSIGNED:
-        _release(conn, settings, ticket)
-        return f"run {ticket.run_id} is no longer assigned; nothing to do"
+def run_ticket(conn: Redis, settings: Settings, raw: bytes) -> str:
+    """Everything a host does with one ticket, each Redis step riding out a restart: check,
+    tell the bot it starts, run, upload the JUnit XML, tell the bot how it ended, release the
+    GPUs, forget the ticket."""
+    host = settings.host
+    try:
+        ticket = Ticket.from_json(raw)
+    except ProtocolError as exc:
+        log.error("refusing a ticket that is not one (%s)", exc)
+        through_outage("drop a bad ticket", lambda: conn.lrem(keys.host_taken(host), 1, raw))  # type: ignore[arg-type]
+        return f"bad ticket: {exc}"
     backend = open_backend(settings.gpu_backend) if ticket.gpu_indices else None
     try:
-        return _execute(conn, settings, backend, run, ticket)
+        return _execute(conn, settings, backend, ticket)
     finally:
         _release(conn, settings, ticket)
+        through_outage(
+            f"run={ticket.run_id} forget the ticket",
+            lambda: _forget(conn, host, ticket),
+        )
         sweep_workdirs(Path(settings.work_dir), time.time())
 
 
-def _execute(
-    conn: Redis, settings: Settings, backend: GpuBackend | None, run: Run, ticket: Ticket
-) -> str:
-    tag = f"run={run.run_id}"
+def _forget(conn: Redis, host: str, ticket: Ticket) -> None:
+    pipe = conn.pipeline()
+    pipe.lrem(keys.host_taken(host), 1, ticket.to_json())
+    pipe.lrem(keys.host_taken(host), 1, ticket.without_token().to_json())
+    pipe.srem(keys.host_cancel(host), ticket.run_id)
+    pipe.execute()
+
+
+def _execute(conn: Redis, settings: Settings, backend: GpuBackend | None, ticket: Ticket) -> str:
+    tag = f"run={ticket.run_id}"
     try:
-        parts = _request_parts(settings, run)
-        through_outage(
-            f"{tag} start checks", lambda: _may_start(conn, settings, backend, run, ticket)
-        )
+        parts = _request_parts(settings, ticket)
+        through_outage(f"{tag} start checks", lambda: _may_start(conn, settings, backend, ticket))
+        _recheck_with_github(ticket)
     except RunRefused as exc:
-        return _requeue(conn, run, str(exc))
+        message = HostMessage(
+            Kind.NOT_STARTED, ticket.run_id, ticket.lease_owner, str(exc)[:2000], exc.retry
+        )
+        send(conn, settings.host, message)
+        log.info("%s repo=%s sha=%s not started: %s", tag, ticket.repo, ticket.sha, exc)
+        return f"run {ticket.run_id} not started: {exc}"
     with leases.LeaseHeartbeat(
         conn, settings.host, ticket.gpu_indices, ticket.lease_owner, settings.lease_ttl_s
     ) as heartbeat:
-        running = through_outage(f"{tag} mark running", lambda: _mark_running(conn, run, ticket))
-        if running is None:
-            return f"run {run.run_id} was cancelled before it started"
-        _report(conn, run.run_id)
-        result = _run(conn, settings, backend, running, ticket, heartbeat.lost, parts)
+        send(conn, settings.host, HostMessage(Kind.STARTED, ticket.run_id, ticket.lease_owner))
+        result = _run(conn, settings, backend, ticket, heartbeat.lost, parts)
         _wait_until_free(backend, ticket.gpu_indices, settings.kill_grace_s)
+    if SHUTDOWN.is_set():  # the worker is stopping: the batch did not end by itself
+        reason = f"the worker on {settings.host} was stopped while the batch ran"
+        message = HostMessage(Kind.NOT_STARTED, ticket.run_id, ticket.lease_owner, reason, True)
+        send(conn, settings.host, message)
+        return f"run {ticket.run_id}: stopped with the worker"
     if heartbeat.lost.is_set():  # the batch was stopped: its GPUs were no longer ours
-        result.title = f"Stopped: {heartbeat.reason}"
-        through_outage(f"{tag} count the lost lease", lambda: count_lost_lease(conn, "heartbeat"))
-    _finish(conn, running, result)
+        result.report.stopped = heartbeat.reason
+        send(
+            conn,
+            settings.host,
+            HostMessage(Kind.LEASE_LOST, ticket.run_id, ticket.lease_owner, "heartbeat"),
+        )
+    _finish(conn, settings, ticket, result)
     _clean_up(settings, result)
-    return f"run {run.run_id}: {result.conclusion.value} - {result.title}"
+    return f"run {ticket.run_id}: {result.conclusion.value} - {result.title}"
 
 
-def _request_parts(settings: Settings, run: Run) -> dict[str, Any]:
+def _request_parts(settings: Settings, ticket: Ticket) -> dict[str, Any]:
     """The run's environment, sandbox and caches on this host; RunRefused (back to pending,
     for another host) when this one does not provide its runtime."""
     try:
-        config = load_config(run.config_text, ".gpuci.yml")
-        runtime = config.runtime_for(config.batches[run.batch])
+        config = load_config(ticket.config_text, ".gpuci.yml")
+        runtime = config.runtime_for(config.batches[ticket.batch])
         setup = HostSetup.from_settings(settings, probe=False)
-        return setup.request_parts(runtime, run.repo, trusted=run.trust == "trusted")
+        return setup.request_parts(runtime, ticket.repo, trusted=ticket.trust == "trusted")
     except (ConfigError, KeyError):
         return {}  # reported by the run itself, with the config's own errors
     except (HostSetupError, RuntimeUnavailable) as exc:
-        raise RunRefused(f"{settings.host}: {exc}") from None
+        raise RunRefused(f"{settings.host}: {exc}", retry=True) from None
 
 
-def _clean_up(settings: Settings, result: BatchResult) -> None:
-    """The result is stored: the run's directory goes (a failed run's is kept a while)."""
-    workdir = result.outcome.workdir
-    if workdir == Path(settings.work_dir) or not workdir.is_dir():
-        return  # the run never got a directory of its own
-    failed = result.conclusion.value not in ("success", "neutral")
-    keep = settings.seconds_of("keep_failed_runs")
-    finish_workdir(workdir, failed=failed, keep_failed_s=keep, now=time.time())
-
-
-def _mark_running(conn: Redis, run: Run, ticket: Ticket) -> Run | None:
-    """Assigned -> running, or None when the run was cancelled meanwhile. Found running under
-    this ticket's lease, it was moved by an earlier try whose reply was lost."""
-    moved = runs.transition(
-        conn,
-        run.run_id,
-        {RunState.ASSIGNED},
-        state=RunState.RUNNING,
-        started_at=time.time(),
-        wait_reason="",
-    )
-    if moved is None:
-        now = runs.get_run(conn, run.run_id)
-        if now and now.state is RunState.RUNNING and now.lease_owner == ticket.lease_owner:
-            return now
-    return moved
-
-
-def _release(conn: Redis, settings: Settings, ticket: Ticket) -> None:
-    """Give the run's GPUs back; a Redis away for longer than the lease lets it expire."""
-    try:
-        through_outage(
-            f"run={ticket.run_id} release GPUs",
-            lambda: leases.release(conn, settings.host, ticket.gpu_indices, ticket.lease_owner),
-            patience_s=settings.lease_ttl_s,
-        )
-    except UNREACHABLE:
-        log.warning("run=%s GPU leases not released; they expire by themselves", ticket.run_id)
-
-
-def _may_start(
-    conn: Redis, settings: Settings, backend: GpuBackend | None, run: Run, ticket: Ticket
-) -> None:
-    """The worker's own checks at start: SHA, trust, lease, and occupancy under the lease."""
-    if not is_sha(run.sha):
-        raise RunRefused(f"refused: {run.sha!r} is not a 40-hex commit SHA")
-    if not runs.may_run(conn, run):
-        raise RunRefused(f"refused: commit {run.sha[:10]} is no longer trusted or approved")
-    full = disk_problem(Path(settings.work_dir), settings.bytes_of("min_free_disk"))
-    if full:
-        raise RunRefused(f"{settings.host} takes no runs: {full}")
+def _may_start(conn: Redis, settings: Settings, backend: GpuBackend | None, ticket: Ticket) -> None:
+    """The worker's own checks at start: the ticket is fresh and not cancelled, the SHA is a
+    SHA, the lease is still ours, the disk has room, the GPUs are idle under the lease."""
+    if ticket.deadline and time.time() > ticket.deadline:
+        raise RunRefused("the ticket expired before the host took it", retry=True)
+    if conn.sismember(keys.host_cancel(settings.host), ticket.run_id):
+        raise RunRefused("cancelled before it started", retry=False)
+    if not is_sha(ticket.sha):
+        raise RunRefused(f"refused: {ticket.sha!r} is not a 40-hex commit SHA", retry=False)
     held = leases.holders(conn, settings.host, ticket.gpu_indices)
     if any(owner != ticket.lease_owner for owner in held.values()):
-        count_lost_lease(conn, "before_start")
-        raise RunRefused(f"the lease on GPUs {list(ticket.gpu_indices)} was lost before start")
+        raise RunRefused(
+            f"the lease on GPUs {list(ticket.gpu_indices)} was lost before start", retry=True
+        )
+    full = disk_problem(Path(settings.work_dir), settings.bytes_of("min_free_disk"))
+    if full:
+        raise RunRefused(f"{settings.host} takes no runs: {full}", retry=True)
     if backend is not None:
         busy = [s for s in _states(settings, backend) if s.gpu.index in ticket.gpu_indices]
         taken = [f"GPU {s.gpu.index}: {'; '.join(s.reasons)}" for s in busy if not s.idle]
         if taken:
-            raise RunRefused("GPUs got busy before start (" + ", ".join(taken) + ")")
+            raise RunRefused("GPUs got busy before start (" + ", ".join(taken) + ")", retry=True)
+
+
+def _recheck_with_github(ticket: Ticket) -> None:
+    """Before approved fork code runs: GitHub itself says the PR is open, its head is still
+    the approved SHA, and the approver still has write access (`bot.trust.may_start`'s rule,
+    with the PR re-fetched by the host that runs the code)."""
+    if ticket.trust != "approved":
+        return
+    base = f"{ticket.api_url.rstrip('/')}/repos/{ticket.repo}"
+    headers = {
+        "Authorization": f"token {ticket.source_token}",
+        "Accept": "application/vnd.github+json",
+    }
+    try:
+        pull = requests.get(f"{base}/pulls/{ticket.pr}", headers=headers, timeout=30)
+        role = requests.get(
+            f"{base}/collaborators/{ticket.approver}/permission", headers=headers, timeout=30
+        )
+    except requests.RequestException as exc:
+        raise RunRefused(f"cannot re-check the PR with GitHub: {exc}", retry=True) from None
+    if pull.status_code != 200 or role.status_code != 200:
+        raise RunRefused(
+            f"cannot re-check the PR with GitHub (HTTP {pull.status_code}, {role.status_code})",
+            retry=True,
+        )
+    pr, permission = pull.json(), role.json()
+    head = (pr.get("head") or {}).get("sha")
+    if pr.get("state") != "open" or head != ticket.sha:
+        raise RunRefused(
+            f"refused: the PR's head is now {str(head)[:10]}, not the approved "
+            f"{ticket.sha[:10]} (or the PR is closed)",
+            retry=False,
+        )
+    if not role_from_api(permission.get("role_name"), permission.get("permission")).can_write:
+        raise RunRefused(
+            f"refused: {ticket.approver}, who approved {ticket.sha[:10]}, no longer has write "
+            "access",
+            retry=False,
+        )
 
 
 def _states(settings: Settings, backend: GpuBackend) -> list[GpuState]:
@@ -324,56 +440,32 @@ def _states(settings: Settings, backend: GpuBackend) -> list[GpuState]:
     )
 
 
-def _requeue(conn: Redis, run: Run, reason: str) -> str:
-    """Back to pending (the scheduler picks again), or failed when the run can never start."""
-    through_outage(f"run={run.run_id} not started", lambda: _not_started(conn, run, reason))
-    _report(conn, run.run_id)
-    log.info("run=%s repo=%s sha=%s not started: %s", run.run_id, run.repo, run.sha, reason)
-    return f"run {run.run_id} not started: {reason}"
-
-
-def _not_started(conn: Redis, run: Run, reason: str) -> None:
-    if reason.startswith("refused"):
-        runs.finish_run(conn, run, conclusion="failure", title=reason)
-    else:
-        runs.transition(
-            conn,
-            run.run_id,
-            {RunState.ASSIGNED},
-            state=RunState.PENDING,
-            wait_reason=reason,
-            note=reason,
-            host="",
-            gpus=(),
-            lease_owner="",
-        )
-
-
 def _run(
     conn: Redis,
     settings: Settings,
     backend: GpuBackend | None,
-    run: Run,
     ticket: Ticket,
     lease_lost: threading.Event,
-    parts: dict[str, Any] | None = None,
+    parts: dict[str, Any],
 ) -> BatchResult:
-    config = load_config(run.config_text, ".gpuci.yml")
-    batch = config.batches[run.batch]
+    config = load_config(ticket.config_text, ".gpuci.yml")
+    batch = config.batches[ticket.batch]
     gpus = [g for g in backend.snapshot() if g.index in ticket.gpu_indices] if backend else []
     cancel = threading.Event()
     watcher = threading.Thread(
-        target=_watch_cancel, args=(conn, run.run_id, cancel, lease_lost), daemon=True
-    )
+        target=_watch_cancel, args=(conn, settings.host, ticket.run_id, cancel, lease_lost),
+        daemon=True,
+    )  # fmt: skip
     watcher.start()
     try:
         archive = fetch_archive(
-            ticket.api_url, run.repo, run.sha, ticket.source_token, _cache_dir(settings)
+            ticket.api_url, ticket.repo, ticket.sha, ticket.source_token, _cache_dir(settings)
         )
+        _drop_token(conn, settings.host, ticket)
         trim_archives(_cache_dir(settings), settings.bytes_of("archive_cache_max_size"))
         free = [max(0, (g.memory_total_mb or 0) - (g.memory_used_mb or 0)) for g in gpus]
         request = RunRequest(
-            run_id=f"run-{run.run_id}",
+            run_id=f"run-{ticket.run_id}",
             batch=batch,
             config=config,
             source=archive,
@@ -386,33 +478,49 @@ def _run(
             run_as=settings.run_as,
             gpu_minors=tuple(g.minor_number for g in gpus if g.minor_number is not None),
             gpu_uuids=tuple(g.uuid for g in gpus),
-            **(parts or {}),
+            **parts,
         )
         outcome = run_batch(request, cancel=cancel, gpu_pids=lambda: _pids_on(backend, ticket))
     except (SourceError, ConfigError, KeyError, RunnerError) as exc:
         outcome = _failed_outcome(settings, str(exc))
     finally:
         cancel.set()  # also stops the watcher
-    return conclude_run(settings, batch, run.sha, gpus, outcome)
+    return conclude_run(settings, batch, ticket.sha, gpus, outcome)
+
+
+def _drop_token(conn: Redis, host: str, ticket: Ticket) -> None:
+    """The archive is here: the ticket kept for a restart no longer holds the token."""
+
+    def swap() -> None:
+        pipe = conn.pipeline()
+        pipe.lrem(keys.host_taken(host), 1, ticket.to_json())
+        pipe.lpush(keys.host_taken(host), ticket.without_token().to_json())
+        pipe.execute()
+
+    through_outage(f"run={ticket.run_id} drop the source token", swap)
 
 
 def _watch_cancel(
-    conn: Redis, run_id: str, cancel: threading.Event, lease_lost: threading.Event
+    conn: Redis, host: str, run_id: str, cancel: threading.Event, lease_lost: threading.Event
 ) -> None:
-    """Poll the run's state; a cancellation (supersede, close, /gpuci cancel) or the loss of its
-    GPU leases stops the batch."""
+    """A cancellation by the bot (supersede, close, /gpuci cancel) or the loss of the run's GPU
+    leases stops the batch."""
     while not cancel.wait(1.0):
+        if SHUTDOWN.is_set():
+            log.warning("run=%s the worker is stopping; stopping the batch", run_id)
+            cancel.set()
+            return
         if lease_lost.is_set():
             log.warning("run=%s GPU lease lost; stopping the batch", run_id)
             cancel.set()
             return
         try:
-            run = runs.get_run(conn, run_id)
+            cancelled = conn.sismember(keys.host_cancel(host), run_id)
         except Exception as exc:  # Redis restarting: keep running, look again
-            log.warning("run=%s cannot read its state: %s", run_id, exc)
+            log.warning("run=%s cannot read its cancellation: %s", run_id, exc)
             continue
-        if run is not None and run.state is RunState.CANCELLED:
-            log.info("run=%s cancelled: %s", run_id, run.wait_reason)
+        if cancelled:
+            log.info("run=%s cancelled by the bot", run_id)
             cancel.set()
 
 
@@ -454,96 +562,47 @@ def _wait_until_free(backend: GpuBackend | None, indices: tuple[int, ...], grace
         time.sleep(0.5)
 
 
-def _finish(conn: Redis, run: Run, result: BatchResult) -> None:
-    """Store the result and the JUnit XML, complete the run, and ask for the report; each step
-    waits out a Redis restart."""
-    tag = f"run={run.run_id}"
-    through_outage(f"{tag} store the result", lambda: store_result(conn, run.run_id, result))
-    log.info(
-        "%s repo=%s sha=%s batch=%s finished: %s - %s",
-        tag, run.repo, run.sha, run.batch, result.conclusion.value, result.title,
-    )  # fmt: skip
-    through_outage(f"{tag} complete the run", lambda: _complete(conn, run, result))
-    if result.outcome.duration_s and not (result.outcome.cancelled or result.outcome.timed_out):
-        seconds = result.outcome.duration_s
-        through_outage(
-            f"{tag} record its duration",
-            lambda: runs.record_duration(conn, run.repo, run.batch, seconds),
-        )
-    _report(conn, run.run_id)
-
-
-def _complete(conn: Redis, run: Run, result: BatchResult) -> None:
-    current = runs.get_run(conn, run.run_id) or run
-    runs.finish_run(conn, current, conclusion=result.conclusion.value, title=result.title)
-
-
-def _report(conn: Redis, run_id: str) -> None:
-    through_outage(f"run={run_id} ask for a report", lambda: report(conn, run_id))
-
-
-def count_lost_lease(conn: Redis, cause: str) -> None:
-    """For /metrics: a run lost its GPU leases (see keys.leases_lost)."""
-    conn.hincrby(keys.leases_lost(), cause, 1)
-
-
-def recover_lost_run(conn: Redis, run: Run, reason: str) -> str:
-    """A run whose worker was lost: GPUs released, re-queued once, then failed with `reason`;
-    "requeued" or "failed"."""
-    leases.release(conn, run.host, run.gpus, run.lease_owner)
-    if run.gpus:
-        count_lost_lease(conn, "host_lost")
-    outcome = "failed"
-    if run.attempts < REQUEUE_LIMIT:
-        moved = runs.transition(
-            conn,
-            run.run_id,
-            {RunState.ASSIGNED, RunState.RUNNING},
-            state=RunState.PENDING,
-            attempts=run.attempts + 1,
-            host="",
-            gpus=(),
-            lease_owner="",
-            wait_reason=f"re-queued: {reason}",
-            note=f"re-queued: {reason}",
-        )
-        outcome = "requeued" if moved else "gone"
-    else:
-        runs.finish_run(conn, run, conclusion="failure", title=reason)
-    report(conn, run.run_id)
-    log.warning("run=%s repo=%s sha=%s %s: %s", run.run_id, run.repo, run.sha, outcome, reason)
-    return outcome
-
-
-def recover_host_runs(conn: Redis, host: str) -> list[str]:
-    """At worker start: runs this host was running when its previous worker stopped are lost
-    (their processes died with it). Runs only assigned are still in the host's queue."""
-    lost = [r for r in runs.dispatched_runs(conn) if r.host == host and r.state is RunState.RUNNING]
-    return [r.run_id for r in lost if recover_lost_run(conn, r, f"worker restarted on {host}")]
-
-
-def store_result(conn: Redis, run_id: str, result: BatchResult) -> None:
-    data = result.to_json()
-    data["check_output"] = result.output.__dict__
-    data["log_tail"] = result.outcome.log_tail
-    pipe = conn.pipeline()
-    pipe.set(keys.result(run_id), json.dumps(data), ex=RESULT_TTL_S)
+def _finish(conn: Redis, settings: Settings, ticket: Ticket, result: BatchResult) -> None:
+    """Upload the JUnit XML, then tell the bot the run's report; each step waits out a Redis
+    restart. The bot judges the report itself, with its own config."""
+    tag = f"run={ticket.run_id}"
     junit = result.outcome.junit_path
     if junit is not None and junit.is_file():
         packed = gzip.compress(junit.read_bytes())
         if len(packed) <= JUNIT_MAX_BYTES:
-            pipe.set(keys.junit(run_id), packed, ex=RESULT_TTL_S)
-    pipe.execute()
-
-
-def load_result(conn: Redis, run_id: str) -> dict[str, Any] | None:
-    raw = conn.get(keys.result(run_id))
-    return json.loads(raw) if raw else None
-
-
-def report(conn: Redis, run_id: str) -> None:
-    """Ask the events worker to bring the run's Check Run up to date; a report that fails (GitHub
-    down) is retried for about an hour, and the result itself is already safe in Redis."""
-    Queue(REPORTS_QUEUE, connection=conn).enqueue(
-        REPORT_JOB, run_id, job_timeout=120, retry=Retry(max=6, interval=REPORT_RETRY_S)
+            key = keys.host_junit(settings.host, ticket.run_id)
+            through_outage(f"{tag} upload JUnit", lambda: conn.set(key, packed, ex=24 * 3600))
+    message = HostMessage(
+        Kind.FINISHED, ticket.run_id, ticket.lease_owner, result=result.report.to_json()
     )
+    send(conn, settings.host, message)
+    log.info(
+        "%s repo=%s sha=%s batch=%s finished: %s - %s",
+        tag, ticket.repo, ticket.sha, ticket.batch, result.conclusion.value, result.title,
+    )  # fmt: skip
+
+
+def _clean_up(settings: Settings, result: BatchResult) -> None:
+    """The report is sent: the run's directory goes (a failed run's is kept a while)."""
+    workdir = result.outcome.workdir
+    if workdir == Path(settings.work_dir) or not workdir.is_dir():
+        return  # the run never got a directory of its own
+    failed = result.conclusion.value not in ("success", "neutral")
+    keep = settings.seconds_of("keep_failed_runs")
+    finish_workdir(workdir, failed=failed, keep_failed_s=keep, now=time.time())
+
+
+def _release(conn: Redis, settings: Settings, ticket: Ticket) -> None:
+    """Give the run's GPUs back; a Redis away for longer than the lease lets it expire."""
+    try:
+        through_outage(
+            f"run={ticket.run_id} release GPUs",
+            lambda: leases.release(conn, settings.host, ticket.gpu_indices, ticket.lease_owner),
+            patience_s=settings.lease_ttl_s,
+        )
+    except UNREACHABLE:
+        log.warning("run=%s GPU leases not released; they expire by themselves", ticket.run_id)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
