@@ -202,6 +202,50 @@ def test_a_missing_base_fails_the_run_saying_so(tmp_path: Path, bwrap: str) -> N
     assert f"base interpreter {tmp_path / 'nope' / 'python'} does not exist" in outcome.log_tail
 
 
+# Replaces what pytest wrote, after it wrote it, with links to a file of the worker's.
+SWAP_RESULTS = """\
+import os
+
+def pytest_unconfigure(config):
+    out, secret = os.path.dirname(config.option.xmlpath), os.environ["SECRET_PATH"]
+    if os.environ["SWAP"] == "junit":
+        os.replace(os.path.join(out, "junit.xml"), os.path.join(out, "junit.real"))
+        os.symlink(secret, os.path.join(out, "junit.xml"))
+        os.mkfifo(os.path.join(out, "report.jsonl"))
+    else:  # the whole directory: a link to one holding a junit.xml of the worker's
+        os.rename(out, out + ".real")
+        os.symlink(os.path.dirname(secret), out)
+    try:  # the worker's log, one directory above the box (not in the sandbox's view)
+        os.symlink(secret, os.path.join(out, "..", "..", "output.log"))
+    except OSError:
+        pass
+"""
+
+
+@pytest.mark.parametrize("swap", ["junit", "directory"])
+def test_results_swapped_for_links_to_the_workers_files_are_not_read(
+    tmp_path: Path, bwrap: str, base: Path, swap: str
+) -> None:
+    secret = tmp_path / "worker-only" / "junit.xml"  # the name a swapped directory would offer
+    secret.parent.mkdir()
+    secret.write_text("REDIS_URL=redis://:TOPSECRET-77@redis:6379")
+    secret.chmod(0o600)
+    source = repo(tmp_path / "src", {"test_ok.py": "def test_ok():\n    pass\n"})
+    (source / "conftest.py").write_text(SWAP_RESULTS)
+    env = {"SECRET_PATH": str(secret), "SWAP": swap}
+
+    outcome = run_batch(request(tmp_path, source, base, bwrap=bwrap, env=env))
+
+    assert outcome.junit_path is None and outcome.report_path is None
+    log = outcome.log_path.read_text()
+    assert "TOPSECRET" not in log and "TOPSECRET" not in outcome.log_tail
+    assert "[gpuci] junit.xml not read:" in log and "[gpuci] report.jsonl not read:" in log
+    assert ("is not a regular file" if swap == "junit" else "is not a directory") in log
+    assert outcome.log_path.stat().st_nlink == 1 and not outcome.log_path.is_symlink()
+    copies = [p for p in outcome.workdir.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert not [p for p in copies if "TOPSECRET" in p.read_text(errors="replace")]
+
+
 # --- the sandbox itself ------------------------------------------------------------------------
 
 
