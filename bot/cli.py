@@ -381,7 +381,7 @@ def _github_app(settings: Settings, command: str) -> GitHubApp | None:
 
 
 def _log_to_stderr(settings: Settings) -> None:
-    from bot.logs import configure
+    from contract.logs import configure
 
     configure(settings.log_format)
 

@@ -214,7 +214,8 @@ class Effect(StrEnum):
 
 @dataclass(frozen=True)
 class RunRequest:
-    """Batches to run at one commit of one PR; the worker re-checks `may_start` at start."""
+    """Batches to run at one commit of one PR (a host re-checks approved ones with GitHub before
+    it starts them: `workers.host.github_refusal`)."""
 
     repo: str
     number: int
@@ -257,18 +258,6 @@ def classify_pr(pr: PullRequest, author_role: Role, approval: Approval | None = 
     if approval is not None and approval.covers(pr):
         return Trust.APPROVED
     return Trust.NEEDS_APPROVAL
-
-
-def may_start(run_sha: str, pr: PullRequest, author_role: Role, approval: Approval | None) -> bool:
-    """The worker's check right before launch, with the PR re-fetched: the PR is open, the
-    run's SHA is a full 40-hex SHA equal to the PR's head, and the PR is trusted or approved
-    for exactly that SHA. A run of a superseded commit never starts."""
-    return (
-        is_sha(run_sha)
-        and pr.is_open
-        and run_sha == pr.head_sha
-        and classify_pr(pr, author_role, approval) in RUNNABLE
-    )
 
 
 # --- pull_request ----------------------------------------------------------------------------

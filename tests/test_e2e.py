@@ -190,6 +190,37 @@ def test_fork_pr_waits_for_approval_then_runs_and_push_voids_it(loop: Stack) -> 
     assert "gpuci/approved" not in json.dumps(loop.state()["pulls"])
 
 
+@pytest.mark.parametrize("change", ["push", "demotion"])
+def test_the_host_rechecks_approved_fork_code_with_github_before_it_runs(
+    loop: Stack, change: str
+) -> None:
+    """Between the bot's decision and the host's start, GitHub changed: the PR got a new head
+    (its webhook not yet handled) or the approver lost write access. The host asks GitHub
+    itself, runs nothing and says why."""
+    pr = loop.open_pr("carl", "fork-fix", head_repo="carl/sample", repo="acme/sample")
+    label = {"user": "maya", "add": "gpuci/approved"}
+    loop.control("POST", f"pulls/acme/sample/{pr['number']}/labels", label)
+    loop.process()
+    register_host(loop.redis)
+    assert schedule(loop).dispatched
+    if change == "push":
+        loop.control("POST", f"pulls/acme/sample/{pr['number']}/push", {"files": {"x": "y\n"}})
+        why = "refused: the PR's head is now"
+    else:
+        loop.control("PUT", "permissions", {"repo": "acme/sample", "user": "maya", "role": "read"})
+        why = "refused: maya, who approved"
+
+    assert loop.work_host() == len(AUTO)
+
+    every = runs.runs_of_pr(loop.redis, "acme/sample", pr["number"])
+    old = [r for r in every if r.sha == pr["head_sha"]]
+    assert old and all(r.state is RunState.COMPLETED and r.conclusion == "failure" for r in old)
+    assert all(r.title.startswith(why) for r in old), [r.title for r in old]
+    assert all(load_result(loop.redis, r.run_id) is None for r in old)  # no pytest ran
+    assert not list(Path(os.environ["GPUCI_WORK_DIR"]).glob("*/box"))
+    assert all(v is None for v in leases.holders(loop.redis, HOST, range(8)).values())
+
+
 def test_push_supersedes_a_running_batch(loop: Stack) -> None:
     """A real `gpuci worker` runs a batch that would hang for two minutes; a push cancels it:
     the process group dies, the GPUs are released, the old Check Run says superseded."""

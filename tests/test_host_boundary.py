@@ -22,12 +22,12 @@ from bot.reporting import REPORTS_QUEUE
 from bot.runs import Run, RunState, RunTrigger
 from contract import keys, leases
 from contract.acl import acl_file
-from contract.hostlink import HostMessage, Kind
+from contract.hostlink import HostMessage, Kind, Ticket
 from contract.results import RunReport, Summary
 from contract.settings import Settings
 from tests.conftest import SAMPLE_REPO, Stack
 from tests.redis_server import PrivateRedis, private_redis_server, stack_on
-from workers.host import work_burst
+from workers.host import github_refusal, work_burst
 
 E2E_WORLD = Path(__file__).parent / "data" / "world-e2e.yml"
 H1, H2 = "sim-h20-01", "sim-h20-02"
@@ -290,3 +290,36 @@ def test_waits_for_the_gate():
         assert time.monotonic() < deadline
         time.sleep(0.05)
 """
+
+
+SHA_A, SHA_B = "a" * 40, "b" * 40
+APPROVED = Ticket(
+    run_id="7", repo="acme/sample", sha=SHA_A, batch="2", config_text="", gpu_indices=(0,),
+    lease_owner="7:x", api_url="http://hub", source_token="t", trust="approved", pr=3,
+    approver="maya",
+)  # fmt: skip
+OPEN_AT_A = {"state": "open", "head": {"sha": SHA_A}}
+
+
+@pytest.mark.parametrize(
+    ("pull", "permission", "refusal"),
+    [
+        (OPEN_AT_A, {"permission": "write", "role_name": "write"}, None),
+        (OPEN_AT_A, {"permission": "admin", "role_name": "maintain"}, None),
+        ({"state": "open", "head": {"sha": SHA_B}}, {"permission": "write"}, "head is now bbbb"),
+        ({"state": "closed", "head": {"sha": SHA_A}}, {"permission": "write"}, "PR is closed"),
+        (OPEN_AT_A, {"permission": "read", "role_name": "triage"}, "maya, who approved"),
+        (OPEN_AT_A, {"permission": "none"}, "no longer has write access"),
+        ({"state": "open", "head": "aaaa"}, {"permission": "write"}, "head is now None"),
+        (["not", "an", "object"], {"permission": "write"}, "not an object"),
+    ],
+)
+def test_github_decides_whether_approved_code_starts(
+    pull: Any, permission: Any, refusal: str | None
+) -> None:
+    found = github_refusal(APPROVED, pull, permission)
+
+    if refusal is None:
+        assert found is None
+    else:
+        assert found is not None and refusal in found and found.startswith("refused: ")

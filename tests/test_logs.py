@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from bot.logs import JsonFormatter
+from contract.logs import JsonFormatter
 
 
 def record(message: str, *args: object) -> logging.LogRecord:

@@ -27,7 +27,6 @@ from bot.trust import (
     decide_button,
     decide_command,
     decide_pull_request,
-    may_start,
 )
 from contract.roles import is_sha, role_from_api
 from fakehub.schema import webhook_examples
@@ -496,27 +495,6 @@ def test_is_sha(value: object, ok: bool) -> None:
 )
 def test_classify_pr(pr: PullRequest, role: Role, approval: Approval | None, trust: Trust) -> None:
     assert classify_pr(pr, role, approval) is trust
-
-
-@pytest.mark.parametrize(
-    ("run_sha", "pr", "role", "approval", "ok"),
-    [
-        (HEAD, make_pr(), WRITE, None, True),
-        (HEAD, make_pr(fork=True), NONE, approval_of(HEAD), True),
-        (HEAD, make_pr(fork=True), NONE, None, False),
-        (HEAD, make_pr(fork=True), NONE, approval_of(OLD), False),
-        (OLD, make_pr(), WRITE, None, False),  # superseded by a push
-        (OLD, make_pr(fork=True), NONE, approval_of(OLD), False),
-        (HEAD[:12], make_pr(), WRITE, None, False),
-        ("main", make_pr(), WRITE, None, False),
-        (HEAD, make_pr(state="closed"), WRITE, None, False),
-        (HEAD, make_pr(), READ, None, False),  # the author lost write
-    ],
-)
-def test_may_start(
-    run_sha: str, pr: PullRequest, role: Role, approval: Approval | None, ok: bool
-) -> None:
-    assert may_start(run_sha, pr, role, approval) is ok
 
 
 @pytest.mark.parametrize(

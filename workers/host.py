@@ -264,7 +264,7 @@ def work_burst(conn: Redis, settings: Settings) -> int:
 
 def main() -> int:
     """`python -m workers.host`: run the one ticket on stdin (a child of `gpuci worker`)."""
-    from bot.logs import configure
+    from contract.logs import configure
 
     settings = Settings.from_env()
     configure(settings.log_format)
@@ -393,8 +393,7 @@ def _may_start(conn: Redis, settings: Settings, backend: GpuBackend | None, tick
 
 def _recheck_with_github(ticket: Ticket) -> None:
     """Before approved fork code runs: GitHub itself says the PR is open, its head is still
-    the approved SHA, and the approver still has write access (`bot.trust.may_start`'s rule,
-    with the PR re-fetched by the host that runs the code)."""
+    the approved SHA, and the approver still has write access."""
     if ticket.trust != "approved":
         return
     base = f"{ticket.api_url.rstrip('/')}/repos/{ticket.repo}"
@@ -414,20 +413,32 @@ def _recheck_with_github(ticket: Ticket) -> None:
             f"cannot re-check the PR with GitHub (HTTP {pull.status_code}, {role.status_code})",
             retry=True,
         )
-    pr, permission = pull.json(), role.json()
-    head = (pr.get("head") or {}).get("sha")
-    if pr.get("state") != "open" or head != ticket.sha:
-        raise RunRefused(
-            f"refused: the PR's head is now {str(head)[:10]}, not the approved "
-            f"{ticket.sha[:10]} (or the PR is closed)",
-            retry=False,
-        )
+    try:
+        refusal = github_refusal(ticket, pull.json(), role.json())
+    except ValueError:
+        why = "cannot re-check the PR with GitHub: its answer is not JSON"
+        raise RunRefused(why, retry=True) from None
+    if refusal:
+        raise RunRefused(refusal, retry=False)
+
+
+def github_refusal(ticket: Ticket, pull: Any, permission: Any) -> str | None:
+    """Why GitHub's answers forbid starting the approved ticket (the PR closed, its head moved,
+    the approver lost write access, an answer of the wrong shape); None when they allow it."""
+    if not isinstance(pull, dict) or not isinstance(permission, dict):
+        return "refused: GitHub's answer about the PR is not an object"
+    head = pull.get("head")
+    head = head.get("sha") if isinstance(head, dict) else None
+    if pull.get("state") != "open":
+        return f"refused: the PR is {pull.get('state')!s}, not open"
+    if head != ticket.sha:
+        return f"refused: the PR's head is now {str(head)[:10]}, not the approved {ticket.sha[:10]}"
     if not role_from_api(permission.get("role_name"), permission.get("permission")).can_write:
-        raise RunRefused(
+        return (
             f"refused: {ticket.approver}, who approved {ticket.sha[:10]}, no longer has write "
-            "access",
-            retry=False,
+            "access"
         )
+    return None
 
 
 def _states(settings: Settings, backend: GpuBackend) -> list[GpuState]:
