@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -91,18 +92,36 @@ def signature_of(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
+def signature_problem(secret: str, body: bytes, header: str | None) -> str | None:
+    """Why `header` is not GitHub's signature of `body` (HMAC-SHA256 of the raw body), or None.
+    The header is compared as bytes, in constant time: any text a client sends is an answer,
+    never an exception."""
+    if not secret:
+        return "signature cannot be checked: no webhook secret is set"
+    if not header:
+        return "signature missing (X-Hub-Signature-256)"
+    given = header.strip().encode("utf-8", "replace")
+    expected = b"sha256=" + hmac.digest(secret.encode(), body, "sha256").hex().encode()
+    if hmac.compare_digest(expected, given):
+        return None
+    if not _SIGNATURE_FORM.fullmatch(given):
+        return "signature malformed (X-Hub-Signature-256 must be sha256= and 64 hex digits)"
+    return "signature wrong (X-Hub-Signature-256 does not match the body and the secret)"
+
+
+_SIGNATURE_FORM = re.compile(rb"sha256=[0-9a-f]{64}")
+
+
 def verify_signature(secret: str, body: bytes, header: str | None) -> bool:
     """HMAC-SHA256 of the raw body, compared in constant time."""
-    if not secret or not header:
-        return False
-    expected = "sha256=" + hmac.digest(secret.encode(), body, "sha256").hex()
-    return hmac.compare_digest(expected, header.strip())
+    return signature_problem(secret, body, header) is None
 
 
 def check_delivery(secret: str, body: bytes, headers: Headers) -> tuple[Rejection | None, Any]:
     """Verify and parse a delivery: (None, payload) when acceptable, else (Rejection, None)."""
-    if not verify_signature(secret, body, headers.get("X-Hub-Signature-256")):
-        return Rejection(401, "signature missing or wrong (X-Hub-Signature-256)"), None
+    problem = signature_problem(secret, body, headers.get("X-Hub-Signature-256"))
+    if problem is not None:
+        return Rejection(401, problem), None
     if not headers.get("X-GitHub-Event"):
         return Rejection(400, "missing X-GitHub-Event header"), None
     if not headers.get("X-GitHub-Delivery"):

@@ -252,6 +252,23 @@ def test_deliveries_on_one_kept_alive_connection_get_the_intakes_answers(
     assert counts[b"star:ignored"] == b"1"
 
 
+def test_a_utf8_signature_header_is_401_not_a_traceback(web: int, redis_conn: Redis) -> None:
+    body = b'{"action": "opened"}'
+    head = [f"{k}: {v}" for k, v in delivery_headers(body).items() if "Signature" not in k]
+    raw = (
+        ("POST /webhook HTTP/1.1\r\n" + "\r\n".join(head)).encode()
+        + b"\r\nX-Hub-Signature-256: sha256=" + "\u00e9\u2603".encode() * 16
+        + f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )  # fmt: skip
+    with socket.create_connection(("127.0.0.1", web), timeout=5) as s:
+        s.sendall(raw)
+        answer = _read_until_closed(s)
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
+    assert b"signature malformed" in answer
+    assert stored_deliveries(redis_conn) == []
+
+
 def test_an_oversized_body_is_refused_before_it_is_sent(web: int, redis_conn: Redis) -> None:
     headers = delivery_headers(b"{}")
     lines = [f"{k}: {v}" for k, v in headers.items()] + [f"Content-Length: {MAX_BODY + 1}"]

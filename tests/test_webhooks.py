@@ -113,6 +113,29 @@ def test_bad_deliveries_are_refused_with_reason(
     assert inbox.pending(redis_conn) == 0
 
 
+@pytest.mark.parametrize(
+    ("header", "words"),
+    [
+        ("sha256=" + "\u00e9" * 64, "malformed"),
+        ("sha256=\u2603", "malformed"),
+        ("\udcff\udcfe", "malformed"),
+        ("sha256=" + "A" * 64, "malformed"),
+        ("sha256=" + "0" * 64, "wrong"),
+    ],
+    ids=["latin-1", "snowman", "lone-surrogates", "upper-case", "zeros"],
+)
+def test_a_non_ascii_or_malformed_signature_is_401_with_a_reason(
+    client, redis_conn, header: str, words: str
+) -> None:
+    body = b'{"action": "opened"}'
+    assert not webhooks.verify_signature(SECRET, body, header)
+    response = post(client, body, signature=header)
+    assert response.status_code == 401
+    assert words in response.get_json()["error"]
+    assert "X-Hub-Signature-256" in response.get_json()["error"]
+    assert inbox.pending(redis_conn) == 0
+
+
 def test_missing_signature_header_is_401(client) -> None:
     response = client.post(
         "/webhook", data=b"{}", headers={"X-GitHub-Event": "ping", "X-GitHub-Delivery": "1"}
