@@ -9,11 +9,13 @@ one MULTI/EXEC with its removal, so a delivery is never in neither place.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
 import time
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
 from redis import Redis
@@ -33,17 +35,35 @@ DELIVERY_TTL_S = 7 * 24 * 3600  # GitHub redelivers for 3 days; remember a week
 DELIVERY_RETRY_S = [10, 60, 300]
 UNREADABLE_KEPT = 100  # envelopes that cannot be read are kept for a human, newest first
 
-# KEYS: delivery id key, inbox, counts. ARGV: TTL, envelope, "event:queued", "event:duplicate".
-# Returns 1 for a new delivery (queued), 0 for a repeat (nothing queued).
+# KEYS: delivery id key, inbox, counts, body key. ARGV: TTL, envelope, "event:queued",
+# "event:duplicate", "event:replayed". Returns an `Accepted`. Both keys last the TTL: a replay
+# is caught within the window a redelivery is.
 _ACCEPT = """
-if redis.call('SET', KEYS[1], 1, 'NX', 'EX', ARGV[1]) then
-  redis.call('LPUSH', KEYS[2], ARGV[2])
-  redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
-  return 1
+if not redis.call('SET', KEYS[1], 1, 'NX', 'EX', ARGV[1]) then
+  redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
+  return 0
 end
-redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
-return 0
+if not redis.call('SET', KEYS[4], 1, 'NX', 'EX', ARGV[1]) then
+  redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
+  return 2
+end
+redis.call('LPUSH', KEYS[2], ARGV[2])
+redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
+return 1
 """
+
+
+class Accepted(IntEnum):
+    """What the inbox did with a delivery (the accept script's reply)."""
+
+    DUPLICATE = 0  # its delivery id was seen (GitHub's redelivery): nothing stored
+    QUEUED = 1  # new: now in the inbox
+    REPLAYED = 2  # a new id but a body already seen (a replay): nothing stored
+
+
+def body_key(body: bytes) -> str:
+    """The Redis key that remembers a delivery body (its SHA-256)."""
+    return keys.delivery_body(hashlib.sha256(body).hexdigest())
 
 
 @dataclass(frozen=True)
@@ -79,18 +99,23 @@ class Inbox:
         self.conn = conn
         self._accept = conn.register_script(_ACCEPT)
 
-    def accept(self, event: str, delivery_id: str, body: bytes) -> bool:
-        """True if the delivery was new and is now in the inbox; False for a repeat. Raises
-        RedisError when Redis does not answer (then nothing was stored)."""
+    def accept(self, event: str, delivery_id: str, body: bytes) -> Accepted:
+        """What became of the delivery (QUEUED: it is in the inbox). Raises RedisError when
+        Redis does not answer (then nothing was stored)."""
         envelope = Envelope(event, delivery_id, time.time(), body).encode()
-        keys_ = [keys.delivery(delivery_id), keys.inbox(), keys.webhook_counts()]
-        args: list[int | bytes | str] = [
-            DELIVERY_TTL_S,
-            envelope,
-            f"{event}:queued",
-            f"{event}:duplicate",
-        ]
-        return bool(self._accept(keys=keys_, args=args))
+        reply = self._accept(keys=accept_keys(delivery_id, body), args=accept_args(event, envelope))
+        return Accepted(reply)
+
+
+def accept_keys(delivery_id: str, body: bytes) -> list[str]:
+    """KEYS of the accept script."""
+    return [keys.delivery(delivery_id), keys.inbox(), keys.webhook_counts(), body_key(body)]
+
+
+def accept_args(event: str, envelope: bytes) -> list[int | bytes | str]:
+    """ARGV of the accept script."""
+    outcomes = [f"{event}:{outcome}" for outcome in ("queued", "duplicate", "replayed")]
+    return [DELIVERY_TTL_S, envelope, *outcomes]
 
 
 def enqueue(

@@ -97,7 +97,7 @@ def webhook_counts(conn: Redis) -> Family:
         "gpuci_webhooks_total",
         "counter",
         "Webhook deliveries answered, by event and outcome "
-        "(queued, duplicate, ignored, ping, rejected, unavailable).",
+        "(queued, duplicate, replayed, ignored, ping, rejected, unavailable).",
     )
     for raw_field, raw_count in sorted(conn.hgetall(keys.webhook_counts()).items()):
         event, _, outcome = _text(raw_field).rpartition(":")

@@ -27,7 +27,15 @@ from werkzeug.datastructures import EnvironHeaders
 from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 from werkzeug.wsgi import get_input_stream
 
-from bot.inbox import _ACCEPT, DELIVERY_TTL_S, Envelope, Inbox
+from bot.inbox import (
+    _ACCEPT,
+    DELIVERY_TTL_S,
+    Accepted,
+    Envelope,
+    Inbox,
+    accept_args,
+    accept_keys,
+)
 from bot.redis_pipe import RedisPipe
 from contract import keys
 from contract.settings import Settings
@@ -151,9 +159,19 @@ def triage(secret: str, body: bytes, headers: Headers) -> Reply | Keep:
     return Keep(event, delivery, payload.get("action"), body)
 
 
-def kept(delivery: Keep, queued: bool) -> Answer:
-    """The answer once the inbox took the delivery (`queued`) or knew it already."""
-    if not queued:
+def kept(delivery: Keep, outcome: Accepted) -> Answer:
+    """The answer once the inbox took the delivery or knew it already: its id (a
+    redelivery) or its body under another id (a replay)."""
+    if outcome is Accepted.REPLAYED:
+        log.warning(
+            "replayed delivery=%s event=%s: the same body came under another delivery id "
+            "within %d days; not queued",
+            delivery.delivery_id,
+            delivery.event,
+            DELIVERY_TTL_S // 86400,
+        )
+        return DUPLICATE
+    if outcome is Accepted.DUPLICATE:
         log.info(
             "duplicate delivery=%s event=%s: already queued", delivery.delivery_id, delivery.event
         )
@@ -224,11 +242,11 @@ class Intake:
             count_delivery(self.conn, verdict.event, verdict.outcome)
             return verdict.answer
         try:
-            queued = self.inbox.accept(verdict.event, verdict.delivery_id, verdict.body)
+            outcome = self.inbox.accept(verdict.event, verdict.delivery_id, verdict.body)
         except RedisError as exc:
             count_delivery(self.conn, verdict.event, "unavailable")
             return not_kept(verdict, exc)
-        return kept(verdict, queued)
+        return kept(verdict, outcome)
 
 
 class AsyncIntake:
@@ -254,23 +272,19 @@ class AsyncIntake:
             self._count(verdict.event, verdict.outcome)
             return verdict.answer
         envelope = Envelope(verdict.event, verdict.delivery_id, time.time(), verdict.body)
+        script_keys = accept_keys(verdict.delivery_id, verdict.body)
         try:
-            queued = await self.redis.send(
+            outcome = await self.redis.send(
                 "EVAL",
                 _ACCEPT,
-                3,
-                keys.delivery(verdict.delivery_id),
-                keys.inbox(),
-                keys.webhook_counts(),
-                DELIVERY_TTL_S,
-                envelope.encode(),
-                f"{verdict.event}:queued",
-                f"{verdict.event}:duplicate",
+                len(script_keys),
+                *script_keys,
+                *accept_args(verdict.event, envelope.encode()),
             )
         except RedisError as exc:
             self._count(verdict.event, "unavailable")
             return not_kept(verdict, exc)
-        return kept(verdict, bool(queued))
+        return kept(verdict, Accepted(outcome))
 
     def _count(self, event: str, outcome: str) -> None:
         """count_delivery's HINCRBY; the answer does not wait for it."""

@@ -63,6 +63,12 @@ def delivery(delivery_id: str) -> str:
     return f"{PREFIX}:delivery:{delivery_id}"
 
 
+def delivery_body(body_sha256: str) -> str:
+    """String: present while a delivery with this body (SHA-256, hex) counts as seen: the
+    same signed body under a new delivery id is a replay, not an event (7 days)."""
+    return f"{PREFIX}:delivery-body:{body_sha256}"
+
+
 # --- runs (bot/runs.py) ----------------------------------------------------------------------
 # A run is one batch at one commit. Its states: awaiting_approval -> pending -> assigned ->
 # running -> completed, or cancelled from any state before completed.

@@ -46,7 +46,7 @@ def scrape(client: Any) -> dict[str, float]:
 
 
 def deliver(client: Any, event: str, delivery: str, secret: str = SECRET) -> int:
-    body = json.dumps({"action": "opened", "zen": "hi"}).encode()
+    body = json.dumps({"action": "opened", "zen": "hi", "hook_event": event}).encode()
     headers = {
         "X-GitHub-Event": event,
         "X-GitHub-Delivery": delivery,
@@ -61,6 +61,7 @@ def test_webhooks_by_event_and_outcome(client: Any) -> None:
     first = str(uuid.uuid4())
     assert deliver(client, "pull_request", first) == 202
     assert deliver(client, "pull_request", first) == 202
+    assert deliver(client, "pull_request", str(uuid.uuid4())) == 202  # its body, a new id
     assert deliver(client, "issue_comment", str(uuid.uuid4())) == 202
     assert deliver(client, "star", str(uuid.uuid4())) == 202
     assert deliver(client, "ping", str(uuid.uuid4())) == 200
@@ -68,6 +69,7 @@ def test_webhooks_by_event_and_outcome(client: Any) -> None:
     found = scrape(client)
     assert found['gpuci_webhooks_total{event="pull_request",outcome="queued"}'] == 1
     assert found['gpuci_webhooks_total{event="pull_request",outcome="duplicate"}'] == 1
+    assert found['gpuci_webhooks_total{event="pull_request",outcome="replayed"}'] == 1
     assert found['gpuci_webhooks_total{event="issue_comment",outcome="queued"}'] == 1
     assert found['gpuci_webhooks_total{event="star",outcome="ignored"}'] == 1
     assert found['gpuci_webhooks_total{event="ping",outcome="ping"}'] == 1

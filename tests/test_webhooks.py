@@ -96,6 +96,32 @@ def test_repeated_delivery_is_accepted_but_queued_once(client, redis_conn) -> No
     assert counts == {b"pull_request:queued": b"1", b"pull_request:duplicate": b"1"}
 
 
+def test_the_same_body_under_new_delivery_ids_is_queued_once(client, redis_conn, caplog) -> None:
+    """A captured delivery replayed with fresh X-GitHub-Delivery ids (the signature covers
+    only the body) is acknowledged but never queued again; other bodies still are."""
+    body = b'{"action": "created", "comment": {"body": "/gpuci run all"}}'
+    answers = [post(client, body, "issue_comment") for _ in range(3)]
+    assert [a.status_code for a in answers] == [202, 202, 202]
+    assert [a.get_json().get("duplicate", False) for a in answers] == [False, True, True]
+    assert post(client, body.replace(b"all", b"2"), "issue_comment").get_json()["handled"]
+    assert post(client, body, "pull_request").get_json()["duplicate"]  # another event name too
+    assert inbox.pending(redis_conn) == 2
+    counts = redis_conn.hgetall(keys.webhook_counts())
+    assert counts[b"issue_comment:queued"] == b"2"
+    assert counts[b"issue_comment:replayed"] == b"2"
+    assert counts[b"pull_request:replayed"] == b"1"
+    assert caplog.text.count("the same body came under another delivery id") == 3
+    assert 0 < redis_conn.ttl(inbox.body_key(body)) <= inbox.DELIVERY_TTL_S
+
+
+def test_githubs_redelivery_of_a_replayed_body_is_a_duplicate(client, redis_conn) -> None:
+    body, delivery = b'{"action": "opened"}', str(uuid.uuid4())
+    assert post(client, body, delivery=delivery).get_json()["handled"]
+    assert post(client, body, delivery=delivery).get_json()["duplicate"]
+    counts = redis_conn.hgetall(keys.webhook_counts())
+    assert counts == {b"pull_request:queued": b"1", b"pull_request:duplicate": b"1"}
+
+
 @pytest.mark.parametrize(
     ("change", "status", "message"),
     [
