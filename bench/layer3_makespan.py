@@ -196,6 +196,7 @@ def wait_for_host(conn: Redis, proc_log: Path, timeout_s: float = 60) -> None:
 class Bench:
     def __init__(self, conn: Redis, app: GitHubApp, api_url: str, config_text: str) -> None:
         self.conn, self.app, self.api_url, self.config_text = conn, app, api_url, config_text
+        conn.hset(keys.repos(), REPO, str(INSTALLATION))  # as the events process records it
 
     def source_token(self, run: Run) -> str:
         return self.app.source_token(run.installation_id, run.repo.split("/", 1)[1])

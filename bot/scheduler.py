@@ -173,6 +173,13 @@ def _dispatch(
                 conn, run, f"refused: commit {run.sha[:10]} is no longer trusted or approved", done
             )
             continue
+        served = conn.hget(keys.repos(), run.repo)
+        if served is None or _text(served) != str(run.installation_id):
+            _fail(
+                conn, run, f"refused: gpuci has not heard of {run.repo} in installation "
+                f"{run.installation_id}, so it mints no token for it", done,
+            )  # fmt: skip
+            continue
         owner = leases.new_owner(run.run_id)
         indices = list(assignment.gpu_indices)
         ttl = _lease_ttl()

@@ -37,6 +37,12 @@ def settings(monkeypatch: pytest.MonkeyPatch, redis_url: str, tmp_path: Path) ->
     return Settings.from_env(dotenv=None)
 
 
+@pytest.fixture(autouse=True)
+def installation(redis_conn: Redis) -> None:
+    """acme/sample is served by installation 1, as the events process records it."""
+    redis_conn.hset(keys.repos(), "acme/sample", "1")
+
+
 def register(conn: Redis, settings: Settings, backend: str | None = None) -> None:
     publish_host(conn, settings, open_backend(backend or settings.gpu_backend), slots=9)
 
@@ -75,6 +81,23 @@ def test_several_batches_are_packed_onto_disjoint_gpus(
     assert sum(len(u) for u in used) == 7
     assert len(set().union(*used)) == 7  # no GPU twice
     assert redis_conn.llen(keys.host_tickets(HOST)) == 3
+
+
+def test_no_token_is_minted_for_a_repository_outside_the_runs_installation(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    register(redis_conn, settings)
+    redis_conn.hset(keys.repos(), "acme/sample", "2")  # moved to another installation
+    run = pending(redis_conn, "1")
+    minted: list[str] = []
+
+    done = scheduler.tick(redis_conn, lambda r: minted.append(r.run_id) or "t", "http://x")
+
+    assert done.dispatched == [] and minted == []
+    failed = runs.get_run(redis_conn, run.run_id)
+    assert failed is not None and failed.state is RunState.COMPLETED
+    assert failed.title.startswith("refused: gpuci has not heard of acme/sample in installation 1")
+    assert redis_conn.llen(keys.host_tickets(HOST)) == 0
 
 
 def test_a_batch_no_host_can_ever_run_fails_at_once(redis_conn: Redis, settings: Settings) -> None:
