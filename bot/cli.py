@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from contract.redact import redact_url
 from contract.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -190,7 +191,10 @@ def cmd_runs(args: argparse.Namespace, settings: Settings) -> int:
     try:
         found = list_runs(Redis.from_url(settings.redis_url, socket_timeout=5), args.limit)
     except RedisError as exc:
-        print(f"gpuci runs: Redis at {settings.redis_url} is unreachable ({exc})", file=sys.stderr)
+        print(
+            f"gpuci runs: Redis at {redact_url(settings.redis_url)} is unreachable ({exc})",
+            file=sys.stderr,
+        )
         return EXIT_UNUSABLE
     if args.json:
         print(json.dumps([run.to_json() for run in found], indent=2))
@@ -321,7 +325,7 @@ def cmd_run_batch(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_UNUSABLE
     except RedisError as exc:
         print(
-            f"gpuci run-batch: Redis at {settings.redis_url} is unreachable ({exc}); "
+            f"gpuci run-batch: Redis at {redact_url(settings.redis_url)} is unreachable ({exc}); "
             "GPU leases live there: start redis-server or set REDIS_URL",
             file=sys.stderr,
         )
@@ -395,6 +399,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from redis.exceptions import RedisError
 
     from contract.hostlink import ProtocolError, check_host_name
+    from workers.archive import ArchiveError, check_python
     from workers.cleanup import sweep_workdirs
     from workers.gpus import GpuBackendError, open_backend
     from workers.host import Host, HostHeartbeat, publish_host
@@ -405,10 +410,11 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     settings = dataclasses.replace(settings, host=host)
     try:
         check_host_name(host)
+        check_python(sys.version_info[:3])  # every run extracts an archive (docs/deploy.md)
         backend = open_backend(settings.gpu_backend)
         slots = args.slots or len(backend.snapshot()) + 1
         setup = HostSetup.from_settings(settings)
-    except (GpuBackendError, HostSetupError, ProtocolError) as exc:
+    except (ArchiveError, GpuBackendError, HostSetupError, ProtocolError) as exc:
         print(f"gpuci worker: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     for warning in setup.warnings:
@@ -422,7 +428,8 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         lost = worker.start()
     except RedisError as exc:
         print(
-            f"gpuci worker: Redis at {settings.redis_url} is unreachable ({exc})", file=sys.stderr
+            f"gpuci worker: Redis at {redact_url(settings.redis_url)} is unreachable ({exc})",
+            file=sys.stderr,
         )
         return EXIT_UNUSABLE
     _log_to_stderr(settings)
@@ -487,7 +494,7 @@ def cmd_redeliver(args: argparse.Namespace, settings: Settings) -> int:
         since = time.time() - args.since * 60 if args.since is not None else since_last_check(conn)
         redone = redeliver_failed(app, conn, since)
     except RedisError as exc:
-        unreachable = f"Redis at {settings.redis_url} is unreachable ({exc})"
+        unreachable = f"Redis at {redact_url(settings.redis_url)} is unreachable ({exc})"
         print(f"gpuci redeliver: {unreachable}", file=sys.stderr)
         return EXIT_UNUSABLE
     except GithubException as exc:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from contract.config import Batch, Config, Runtime
+from contract.redact import has_credentials
 from workers import cleanup, containers, procs, sandbox
 from workers.archive import ArchiveError, extract_archive
 from workers.caches import CachePlan, CacheUse, prepare_caches
@@ -144,17 +145,21 @@ _SECRET_PARTS = (
 _SECRET_SUFFIXES = ("_KEY", "_PASS", "_PWD", "_DSN")
 # The worker's own pytest and coverage settings would leak into the tested run.
 _HOST_ONLY_PREFIXES = ("PYTEST_", "COV_CORE_")
-_SECRET_VALUE = re.compile(r"://[^/@\s]+:[^/@\s]+@|^(gh[pousr]_|github_pat_)[A-Za-z0-9_]{20,}")
+_GITHUB_TOKEN = re.compile(r"^(gh[pousr]_|github_pat_)[A-Za-z0-9_]{20,}")
 
 
 def is_secret(name: str, value: str) -> bool:
-    """True for variables a test process must not see: credentials and worker-only settings."""
+    """True for variables a test process must not see: credentials and worker-only settings.
+    A value counts as a credential when it looks like a GitHub token or holds a URL (or a
+    query) with a credential in it: userinfo (`redis://:pw@host`, `https://key@host`) or a
+    secret-named parameter (`?token=`, `&password=`), as `contract.redact` parses them."""
     upper = name.upper()
     return (
         upper.startswith(_SECRET_PREFIXES + _HOST_ONLY_PREFIXES)
         or any(part in upper for part in _SECRET_PARTS)
         or upper.endswith(_SECRET_SUFFIXES)
-        or bool(_SECRET_VALUE.search(value))
+        or bool(_GITHUB_TOKEN.search(value))
+        or has_credentials(value)
     )
 
 

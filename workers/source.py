@@ -9,6 +9,8 @@ from pathlib import Path
 
 import requests
 
+from contract.redact import redact_text
+
 MAX_ARCHIVE_BYTES = 2 * 1024**3
 CHUNK = 1024 * 1024
 _SHA = re.compile(r"[0-9a-f]{40}")
@@ -47,13 +49,16 @@ def fetch_archive(api_url: str, repo: str, sha: str, token: str, cache_dir: Path
             _check(response, repo, sha)
             _save(response, target)
     except requests.RequestException as exc:
-        raise SourceError(f"could not download {repo} at {sha[:10]}: {exc}") from exc
+        # The message names the URL, and a download link's query holds a token: redacted.
+        raise SourceError(
+            f"could not download {repo} at {sha[:10]}: {redact_text(str(exc))}"
+        ) from exc
     return target
 
 
 def _check(response: requests.Response, repo: str, sha: str) -> None:
     if response.status_code != 200:
-        detail = response.text[:200].strip()
+        detail = redact_text(response.text[:200].strip())
         raise SourceError(
             f"could not download {repo} at {sha[:10]}: HTTP {response.status_code} {detail}"
         )
