@@ -358,6 +358,8 @@ def bench_gpuci(
     cmd += ["--worker-class", args.worker_class]
     if args.worker_class == "gthread":
         cmd += ["--threads", str(args.threads)]
+    if args.access_log:
+        cmd += ["--access-logfile", str(tmp / "access.log")]
     cmd.append("app:create_app()")
     log = tmp / "gunicorn.log"
     proc = procs.start(cmd, env, log, ROOT)
@@ -630,6 +632,11 @@ def main() -> None:
         "--worker-class", default=WORKER_CLASS, help=f"gunicorn worker class ({WORKER_CLASS})"
     )
     parser.add_argument("--threads", type=int, default=4, help="threads per gthread worker")
+    parser.add_argument(
+        "--access-log",
+        action="store_true",
+        help="gpuci with an access log (to a file), as deploy/systemd/gpuci-web.service runs",
+    )
     parser.add_argument("--redis-url", default=DEFAULT_REDIS, help="flushed! (database 6)")
     parser.add_argument("--probot-bin", default=default_probot_bin(), help="probot executable")
     parser.add_argument("--only", choices=["gpuci", "probot"], help="run one server only")
@@ -660,7 +667,8 @@ def main() -> None:
     )
     print(
         f"gpuci: gunicorn --workers {args.workers} --worker-class {args.worker_class} "
-        f"'app:create_app()', Redis {args.redis_url}; Probot: {args.probot_bin} run ./index.js"
+        f"{'--access-logfile FILE ' if args.access_log else ''}'app:create_app()', "
+        f"Redis {args.redis_url}; Probot: {args.probot_bin} run ./index.js"
     )
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"load average before the bench: {load} on {os.cpu_count()} CPUs (want it near 0)")

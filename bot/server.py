@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.glogging import Logger as GunicornLogger
 from gunicorn.workers.base import Worker as GunicornWorker
 
 from bot import webhooks
@@ -54,6 +55,8 @@ REQUEST_DEADLINE_S = 10.0  # GitHub gives up on a delivery after 10 s
 MAX_HEAD_BYTES = 64 * 1024  # request line and header fields
 MAX_HEADER_FIELDS = 100
 FLASK_THREADS = 4  # at least; gunicorn's --threads raises it
+# gunicorn's default access_log_format (Apache's combined): written by `access_line`.
+COMBINED_FORMAT = '%(h)s %(l)s %(u)s %(t)s "%(r)s" %(s)s %(b)s "%(f)s" "%(a)s"'
 
 Headers = list[tuple[str, str]]
 Response = tuple[int, Headers, bytes]
@@ -152,6 +155,32 @@ def http_date() -> str:
     if _dated[0] != now:
         _dated = (now, formatdate(now, usegmt=True))
     return _dated[1]
+
+
+_logged: tuple[int, str] = (0, "")
+
+
+def log_time() -> str:
+    """The access log's time atom, as gunicorn's Logger.now writes it."""
+    global _logged
+    now = int(time.time())
+    if _logged[0] != now:
+        _logged = (now, time.strftime("[%d/%b/%Y:%H:%M:%S %z]", time.localtime(now)))
+    return _logged[1]
+
+
+def access_line(head: Head, status: int, sent: int, peer: str) -> str:
+    """The line gunicorn's Logger.access writes in COMBINED_FORMAT, without the two dozen
+    atoms it builds for any format (most of its cost: docs/benchmarks.md). The user is "-":
+    the log is given no Authorization."""
+
+    def quoted(text: str) -> str:
+        return text.replace('"', '\\"')
+
+    request = quoted(f"{head.method} {head.target} {head.version}")
+    referer = quoted(head.get("referer") or "-")
+    agent = quoted(head.get("user-agent") or "-")
+    return f'{quoted(peer)} - - {log_time()} "{request}" {status} {sent} "{referer}" "{agent}"'
 
 
 def response_head(status: int, headers: Headers, length: int, close: bool) -> bytes:
@@ -411,6 +440,20 @@ def _too_large(limit: int) -> tuple[int, str]:
     return status, fields["error"]
 
 
+def access_environ(head: Head, peer: str) -> dict[str, str]:
+    """What gunicorn's Logger.access reads of a WSGI environ, for a custom format."""
+    return {
+        "REQUEST_METHOD": head.method,
+        "RAW_URI": head.target,
+        "PATH_INFO": head.path,
+        "QUERY_STRING": head.target.partition("?")[2],
+        "SERVER_PROTOCOL": head.version,
+        "REMOTE_ADDR": peer,
+        "HTTP_USER_AGENT": head.get("user-agent") or "-",
+        "HTTP_REFERER": head.get("referer") or "-",
+    }
+
+
 class _Served:
     """A response as gunicorn's access log reads it."""
 
@@ -428,6 +471,9 @@ class Worker(GunicornWorker):
     secure_scheme_headers (wsgi.url_scheme)."""
 
     def init_process(self) -> None:
+        self.combined_log = (
+            type(self.log) is GunicornLogger and self.cfg.access_log_format == COMBINED_FORMAT
+        )
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.stopping = asyncio.Event()
@@ -546,26 +592,21 @@ class Worker(GunicornWorker):
         return "http"
 
     def served(self, head: Head, response: Response, started: float, peer: str) -> None:
-        """Count the request (max_requests) and write gunicorn's access log line."""
+        """Count the request (max_requests) and write gunicorn's access log line (the
+        default format by `access_line`)."""
         self.nr += 1
         if self.nr >= self.max_requests and self.alive:
             self.log.info("Autorestarting worker after current request.")
             self.stop()
         if not self.cfg.accesslog:
             return
-        environ = {
-            "REQUEST_METHOD": head.method,
-            "RAW_URI": head.target,
-            "PATH_INFO": head.path,
-            "QUERY_STRING": head.target.partition("?")[2],
-            "SERVER_PROTOCOL": head.version,
-            "REMOTE_ADDR": peer,
-            "HTTP_USER_AGENT": head.get("user-agent") or "-",
-            "HTTP_REFERER": head.get("referer") or "-",
-        }
         status, headers, content = response
+        if self.combined_log:
+            self.log.access_log.info("%s", access_line(head, status, len(content), peer))
+            return
         took = timedelta(seconds=time.monotonic() - started)
-        self.log.access(_Served(status, headers, len(content)), head, environ, took)
+        served = _Served(status, headers, len(content))
+        self.log.access(served, head, access_environ(head, peer), took)
 
 
 class _Gunicorn(BaseApplication):

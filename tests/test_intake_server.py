@@ -10,6 +10,7 @@ import json
 import os
 import re
 import select
+import shlex
 import signal
 import socket
 import subprocess
@@ -18,9 +19,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from gunicorn.config import Config
+from gunicorn.glogging import Logger
 from redis import Redis
 
 from bot import server
@@ -44,8 +48,11 @@ def procfile_web() -> str:
 
 
 @contextlib.contextmanager
-def web_process(redis_url: str, log: Path) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
-    """`web:` from the Procfile in a shell, as a Procfile runner starts it, on a free PORT."""
+def web_process(
+    redis_url: str, log: Path, options: list[str] | None = None
+) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """`web:` from the Procfile in a shell, as a Procfile runner starts it, on a free PORT,
+    with gunicorn `options` added."""
     port = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("GPUCI_")},
@@ -57,7 +64,7 @@ def web_process(redis_url: str, log: Path) -> Iterator[tuple[int, subprocess.Pop
     }
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            ["sh", "-c", f"exec {procfile_web()}"],
+            ["sh", "-c", f"exec {procfile_web()} {shlex.join(options or [])}"],
             cwd=ROOT,
             env=env,
             stdout=out,
@@ -90,11 +97,16 @@ def _answers(port: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+def access_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("web") / "access.log"
+
+
+@pytest.fixture(scope="module")
+def web(tmp_path_factory: pytest.TempPathFactory, access_log: Path) -> Iterator[int]:
     """One web process for the module, on the tests' Redis database (each test's `redis_conn`
-    flushes it)."""
+    flushes it), with an access log as the deploy unit's (`--access-logfile`)."""
     log = tmp_path_factory.mktemp("web") / "web.log"
-    with web_process(_redis_url(), log) as (port, _):
+    with web_process(_redis_url(), log, ["--access-logfile", str(access_log)]) as (port, _):
         yield port
 
 
@@ -252,21 +264,6 @@ def test_deliveries_on_one_kept_alive_connection_get_the_intakes_answers(
     assert counts[b"star:ignored"] == b"1"
 
 
-def test_a_replayed_body_is_stored_once_by_the_servers_intake(web: int, redis_conn: Redis) -> None:
-    body, first = b'{"action": "opened", "number": 9}', str(uuid.uuid4())
-    answers = [
-        request("POST", web, "/webhook", body, delivery_headers(body, delivery=delivery))
-        for delivery in (first, str(uuid.uuid4()), str(uuid.uuid4()))
-    ]
-    assert [json.loads(a[2]) for a in answers] == [
-        {"accepted": True, "handled": True},
-        {"accepted": True, "duplicate": True},
-        {"accepted": True, "duplicate": True},
-    ]
-    assert stored_deliveries(redis_conn) == [first]
-    assert redis_conn.hget(keys.webhook_counts(), "pull_request:replayed") == b"2"
-
-
 def test_a_utf8_signature_header_is_401_not_a_traceback(web: int, redis_conn: Redis) -> None:
     body = b'{"action": "opened"}'
     head = [f"{k}: {v}" for k, v in delivery_headers(body).items() if "Signature" not in k]
@@ -328,6 +325,50 @@ def test_requests_this_server_does_not_read_are_refused_and_closed(
         answer = _read_until_closed(s)
     assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer[:80]
     assert b"Connection: close" in answer
+
+
+def test_the_access_log_has_a_line_per_request(web: int, access_log: Path) -> None:
+    body = b'{"action": "opened"}'
+    agent = f'hookshot "{uuid.uuid4()}"'
+    headers = {**delivery_headers(body), "User-Agent": agent, "Referer": "https://example.org/"}
+    assert request("POST", web, "/webhook?from=test", body, headers)[0] == 202
+    assert request("GET", web, "/healthz", headers={"User-Agent": agent})[0] == 200
+    quoted = agent.replace('"', '\\"')
+    deadline = time.monotonic() + 5
+    while len(lines := [ln for ln in access_log.read_text().splitlines() if quoted in ln]) < 2:
+        assert time.monotonic() < deadline, access_log.read_text()
+        time.sleep(0.05)
+    date = r"\[\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d [+-]\d{4}\]"
+    assert re.fullmatch(
+        rf'127\.0\.0\.1 - - {date} "POST /webhook\?from=test HTTP/1\.1" 202 \d+ '
+        rf'"https://example\.org/" "{re.escape(quoted)}"',
+        lines[0],
+    )
+    assert re.fullmatch(
+        rf'127\.0\.0\.1 - - {date} "GET /healthz HTTP/1\.1" 200 \d+ "-" ".*"', lines[1]
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "peer"),
+    [
+        (b"POST /webhook HTTP/1.1\r\nUser-Agent: GitHub-Hookshot/044aadd", "127.0.0.1"),
+        (b'GET /runs?x="1" HTTP/1.0\r\nReferer: https://a/"b"\r\nUser-Agent: "q"', ""),
+        (b"POST /webhook HTTP/1.1\r\nAuthorization: Basic dTpw\r\nHost: x", "::1"),
+    ],
+)
+def test_the_access_line_is_the_one_gunicorn_writes_by_default(
+    tmp_path: Path, raw: bytes, peer: str
+) -> None:
+    cfg = Config()
+    cfg.set("accesslog", str(tmp_path / "access.log"))
+    assert cfg.access_log_format == server.COMBINED_FORMAT
+    head = server.parse_head(raw)
+    served, log = server._Served(202, [("Content-Type", "application/json")], 38), Logger(cfg)
+    log.access(served, head, server.access_environ(head, peer), timedelta(0))
+    ours = server.access_line(head, 202, 38, peer)
+    log.access(served, head, server.access_environ(head, peer), timedelta(0))
+    assert ours in (tmp_path / "access.log").read_text().splitlines()  # one's second is ours
 
 
 def test_requests_sent_ahead_are_answered_in_order(web: int) -> None:
