@@ -264,6 +264,21 @@ def test_deliveries_on_one_kept_alive_connection_get_the_intakes_answers(
     assert counts[b"star:ignored"] == b"1"
 
 
+def test_a_replayed_body_is_stored_once_by_the_servers_intake(web: int, redis_conn: Redis) -> None:
+    body, first = b'{"action": "opened", "number": 9}', str(uuid.uuid4())
+    answers = [
+        request("POST", web, "/webhook", body, delivery_headers(body, delivery=delivery))
+        for delivery in (first, str(uuid.uuid4()), str(uuid.uuid4()))
+    ]
+    assert [json.loads(a[2]) for a in answers] == [
+        {"accepted": True, "handled": True},
+        {"accepted": True, "duplicate": True},
+        {"accepted": True, "duplicate": True},
+    ]
+    assert stored_deliveries(redis_conn) == [first]
+    assert redis_conn.hget(keys.webhook_counts(), "pull_request:replayed") == b"2"
+
+
 def test_a_utf8_signature_header_is_401_not_a_traceback(web: int, redis_conn: Redis) -> None:
     body = b'{"action": "opened"}'
     head = [f"{k}: {v}" for k, v in delivery_headers(body).items() if "Signature" not in k]
