@@ -16,9 +16,10 @@ log = logging.getLogger("gpuci.web")
 
 def create_app(settings: Settings | None = None, redis: Redis | None = None) -> Flask:
     """The web process: webhooks, health, metrics and the dashboard."""
-    from bot import dashboard, metrics, web, webhooks
+    from bot import accesslog, dashboard, metrics, web, webhooks
 
     settings = settings or Settings.from_env()
+    accesslog.install()  # request lines never show the dashboard token
     app = Flask("gpuci")
     app.config["GPUCI_SETTINGS"] = settings
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes

@@ -183,13 +183,18 @@ def presented_token(settings: Settings, authorization: str, cookie: str, query: 
     if not token:
         return ""
     scheme, _, value = authorization.partition(" ")
-    if scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), token):
+    if scheme.lower() == "bearer" and _same(value.strip(), token):
         return "header"
-    if cookie and hmac.compare_digest(cookie, cookie_value(token)):
+    if cookie and _same(cookie, cookie_value(token)):
         return "cookie"
-    if query and hmac.compare_digest(query, token):
+    if query and _same(query, token):
         return "query"
     return ""
+
+
+def _same(given: str, secret: str) -> bool:
+    """Constant-time comparison of what a client sent, as bytes: any text is an answer."""
+    return hmac.compare_digest(given.encode("utf-8", "replace"), secret.encode())
 
 
 # --- links to GitHub (pure) --------------------------------------------------------------------

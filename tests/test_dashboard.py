@@ -433,6 +433,21 @@ def test_token_in_the_url_becomes_a_cookie(locked: Any, redis_conn: Redis) -> No
     assert page.status_code == 200 and "are hidden" not in page.get_data(as_text=True)
 
 
+@pytest.mark.parametrize(
+    "presented",
+    [
+        {"query_string": {"token": "t\u00f6k-\u2603"}},
+        {"headers": {"Authorization": "Bearer t\u00f6k-\u00e9"}},
+        {"headers": {"Cookie": f"{COOKIE}=\u00e9\u00e9"}},
+    ],
+    ids=["query", "bearer", "cookie"],
+)
+def test_a_non_ascii_token_is_refused_not_a_500(locked: Any, presented: dict[str, Any]) -> None:
+    response = locked.get("/", **presented)
+    assert response.status_code == 401
+    assert "Token required" in response.get_data(as_text=True)
+
+
 def test_cookie_is_secure_when_served_at_an_https_public_url(
     redis_conn: Redis, redis_url: str
 ) -> None:
