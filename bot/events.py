@@ -347,6 +347,8 @@ def _queued_check(h: Handling, run: Run) -> dict[str, Any]:
         f"Batch `{run.batch}` at `{run.sha[:12]}` waits for a GPU host with {gpus} idle. "
         f"Requested by @{run.requested_by} ({run.trigger}); run {run.run_id}."
     )
+    if run.approval_text:
+        summary += f"\n\n{run.approval_text}."
     return {
         "external_id": run.run_id,
         "status": "queued",
@@ -403,8 +405,9 @@ def _cancel(h: Handling, reason: str, keep_sha: str | None = None) -> None:
     pr = h.pr
     for run in runs.cancel_runs(h.conn, pr.repo, pr.number, reason, keep_sha=keep_sha):
         h.log(logging.INFO, "cancelled run %s (batch %s at %s)", run.run_id, run.batch, run.sha)
-        if run.check_run_id:
+        if run.check_run_id:  # the final update: a report of the stopped run sends no other
             h.gh.update_check_run(run.check_run_id, _cancelled_check(run))
+            runs.record_final_updates(h.conn, run.run_id, 1)
 
 
 def _cancel_runs(h: Handling, decision: Decision) -> None:
@@ -512,6 +515,11 @@ def _active_run(h: Handling, sha: str, batch: str) -> Run | None:
     return next((r for r in found if r.sha == sha and r.batch == batch and r.active), None)
 
 
+def _completed_batches(h: Handling, sha: str) -> set[str]:
+    found = runs.runs_of_pr(h.conn, h.pr.repo, h.pr.number)
+    return {r.batch for r in found if r.sha == sha and r.state is RunState.COMPLETED}
+
+
 def _run_fields(h: Handling, sha: str, batch: str) -> dict[str, Any]:
     return {
         "repo": h.pr.repo,
@@ -525,11 +533,15 @@ def _run_fields(h: Handling, sha: str, batch: str) -> dict[str, Any]:
 
 def start_runs(h: Handling, request: RunRequest, trust: str) -> None:
     """One pending run per batch with a queued check run. A batch already queued or running at
-    that commit is left alone; one awaiting approval becomes pending."""
+    that commit is left alone (and, with `skip_done`, one completed there); one awaiting
+    approval becomes pending. Runs of approved code record the approval (who, how, when)."""
     trigger = TRIGGERS.get(request.trigger, RunTrigger.PULL_REQUEST)
+    approval = runs.approval_for(h.conn, h.pr.repo, h.pr.number) if trust == "approved" else None
+    approval = approval if approval is not None and approval.sha == request.sha else None
+    done = _completed_batches(h, request.sha) if request.skip_done else set()
     created = []
     asked_at = time.time()
-    for batch in request.batches:
+    for batch in (b for b in request.batches if b not in done):
         run = _active_run(h, request.sha, batch)
         if run is None:
             run = runs.create_run(
@@ -540,10 +552,11 @@ def start_runs(h: Handling, request: RunRequest, trust: str) -> None:
                 wait_reason="waiting for a GPU host",
                 trust=trust,
                 created_at=asked_at,
+                approval=approval,
             )
             created.append(run.run_id)
         elif run.state is RunState.AWAITING_APPROVAL:
-            run = runs.mark_pending(h.conn, run, trigger, request.requested_by, trust)
+            run = runs.mark_pending(h.conn, run, trigger, request.requested_by, trust, approval)
         elif run.state is not RunState.PENDING:
             continue
         run = _show_run(h, run, "queued", _queued_check(h, run))
@@ -560,9 +573,9 @@ def on_pull_request(ctx: Context, d: Delivery) -> str:
     if event.action not in PR_ACTIONS:
         return f"ignored: pull_request.{event.action}"
     h = _handling(ctx, d, event.pr, f"pull_request {event.action} by @{event.sender.login}")
-    if event.action in NEW_HEAD_ACTIONS:
-        seen = epoch(d.payload["pull_request"].get("updated_at"))
-        runs.head_seen_at(ctx.redis, event.pr.repo, event.pr.number, event.pr.head_sha, seen)
+    if event.action in NEW_HEAD_ACTIONS:  # the head became the head at the event's time
+        at = epoch(d.payload["pull_request"].get("updated_at")) or time.time()
+        runs.note_head(ctx.redis, event.pr.repo, event.pr.number, event.pr.head_sha, at)
     if not load_repo_config(h, check_head=event.action in NEW_HEAD_ACTIONS) and (
         event.action != "closed"
     ):
@@ -609,6 +622,9 @@ def _decide_comment(h: Handling, event: CommentEvent) -> Decision:
     config, pr, conn = h.config, h.pr, h.conn
     assert config is not None  # load_repo_config succeeded
     recent = runs.command_run_times(conn, pr.repo, pr.number)
+    # a head gpuci cannot vouch for counts as new since now: after the comment, whatever the clocks
+    seen_now = max(time.time(), (event.created_at or 0.0) + 1.0)
+    since = runs.head_since(conn, pr.repo, pr.number, pr.head_sha, seen_now)
     return decide_command(
         event,
         author_role=h.role(pr.author),
@@ -619,7 +635,8 @@ def _decide_comment(h: Handling, event: CommentEvent) -> Decision:
         auto_batches=config.auto_batches(),
         failed_batches=_failed_batches(h),
         runs_allowed=command_runs_allowed(recent, time.time()),
-        head_seen_at=runs.head_seen_at(conn, pr.repo, pr.number, pr.head_sha),
+        head_since=since,
+        known_heads=tuple(runs.heads(conn, pr.repo, pr.number)),
     )
 
 

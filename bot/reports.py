@@ -11,14 +11,12 @@ from bot.github_app import RepoClient
 from bot.reporting import REPORTS_QUEUE
 from bot.runs import Run, RunState, load_result
 from bot.timestamps import iso
-from contract import keys
 from contract.checks import annotation_chunks
 
 log = logging.getLogger("gpuci.reports")
 
 QUEUE = REPORTS_QUEUE
 SUMMARY_LIMIT = 65535
-REPORTED_TTL_S = 30 * 24 * 3600
 
 
 def _gpus(run: Run) -> str:
@@ -29,7 +27,19 @@ def check_updates(
     run: Run, result: dict[str, Any] | None, details_url: str
 ) -> list[dict[str, Any]]:
     """The PATCH bodies that make the Check Run show the run: the state first, then further
-    annotations in chunks of 50 (GitHub appends annotations across updates)."""
+    annotations in chunks of 50 (GitHub appends annotations across updates). A run of
+    approved code says who approved it, how and when, first in every summary."""
+    updates = _state_updates(run, result, details_url)
+    if run.approval_text:
+        for body in updates:
+            output = body["output"]
+            output["summary"] = f"{run.approval_text}.\n\n{output['summary']}"[:SUMMARY_LIMIT]
+    return updates
+
+
+def _state_updates(
+    run: Run, result: dict[str, Any] | None, details_url: str
+) -> list[dict[str, Any]]:
     base: dict[str, Any] = {"details_url": details_url}
     if run.state is RunState.PENDING:
         return [
@@ -107,15 +117,17 @@ def report_run(run_id: str) -> str:
     if not updates:
         return f"run {run_id}: nothing to report ({run.state})"
     final = updates[0].get("status") == "completed"
-    sent = int(ctx.redis.get(keys.reported(run_id)) or 0) if final else 0
-    if sent >= len(updates):
+    sent = runs.final_updates_sent(ctx.redis, run_id) if final else 0
+    # a cancelled run's Check Run was completed when it was cancelled: its host's last report
+    # (the run stopped) changes only what the run page shows
+    if sent >= len(updates) or (sent and run.state is RunState.CANCELLED):
         return f"run {run_id}: already reported as completed"
     gh = ctx.github.repo(run.installation_id, run.repo)
     check_id = run.check_run_id or _create_check(ctx.redis, gh, run)
     for number, body in enumerate(updates[sent:], start=sent + 1):
         gh.update_check_run(check_id, body)
         if final:  # a retry after a failure sends only what GitHub has not got yet
-            ctx.redis.set(keys.reported(run_id), number, ex=REPORTED_TTL_S)
+            runs.record_final_updates(ctx.redis, run_id, number)
     log.info(
         "run=%s repo=%s sha=%s check_run=%s status=%s reported",
         run_id, run.repo, run.sha, check_id, updates[0].get("status"),

@@ -12,10 +12,11 @@ from typing import Any
 from redis import Redis
 from redis.exceptions import WatchError
 
+from bot.timestamps import iso
 from bot.trust import Approval, ApprovalVia
 from contract import keys
 
-HEAD_SEEN_TTL_S = 30 * 24 * 3600
+HEADS_TTL_S = 30 * 24 * 3600
 RESULT_TTL_S = 30 * 24 * 3600
 CHECK_RECORD_TTL_S = 90 * 24 * 3600
 COMMAND_WINDOW_S = 3600
@@ -85,10 +86,21 @@ class Run:
     started_at: float = 0.0
     finished_at: float = 0.0
     note: str = ""  # why it was sent back to pending (shown before its wait reason)
+    approved_by: str = ""  # for runs of approved commits: who approved, how, when
+    approved_via: str = ""  # label, button or command
+    approved_at: float = 0.0
 
     @property
     def active(self) -> bool:
         return self.state in ACTIVE
+
+    @property
+    def approval_text(self) -> str:
+        """The audit line of an approved run: `Approved by maya (label, 2026-05-01T10:00:00Z)`;
+        empty for runs that needed no approval."""
+        if not self.approved_by:
+            return ""
+        return f"Approved by {self.approved_by} ({self.approved_via}, {iso(self.approved_at)})"
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -147,6 +159,7 @@ def create_run(
     wait_reason: str = "",
     trust: str = "",
     created_at: float | None = None,
+    approval: Approval | None = None,
 ) -> Run:
     """A new run with the next id, indexed by PR and commit; pending runs join the pending set.
     Runs asked for together share `created_at`, so the planner orders them by size, not by
@@ -167,6 +180,7 @@ def create_run(
         config_text=config_text,
         wait_reason=wait_reason,
         trust=trust,
+        **approved_fields(approval),
     )
     pipe = conn.pipeline()
     pipe.hset(keys.run(run.run_id), mapping=_encode(run))
@@ -283,7 +297,12 @@ def durations(conn: Redis, repo: str, batch: str) -> list[float]:
 
 
 def mark_pending(
-    conn: Redis, run: Run, trigger: RunTrigger, requested_by: str, trust: str = ""
+    conn: Redis,
+    run: Run,
+    trigger: RunTrigger,
+    requested_by: str,
+    trust: str = "",
+    approval: Approval | None = None,
 ) -> Run:
     """An approved run: now it waits for a GPU host."""
     return update_run(
@@ -294,7 +313,19 @@ def mark_pending(
         requested_by=requested_by,
         wait_reason="waiting for a GPU host",
         trust=trust,
+        **approved_fields(approval),
     )
+
+
+def approved_fields(approval: Approval | None) -> dict[str, Any]:
+    """The run's record of the approval that lets it run (none: empty fields)."""
+    if approval is None:
+        return {"approved_by": "", "approved_via": "", "approved_at": 0.0}
+    return {
+        "approved_by": approval.approver,
+        "approved_via": str(approval.via),
+        "approved_at": approval.at,
+    }
 
 
 def mark_awaiting(conn: Redis, run: Run, reason: str) -> Run:
@@ -347,6 +378,15 @@ def cancel_runs(
 # --- results (what the bot made of a host's report) -------------------------------------------
 
 
+def final_updates_sent(conn: Redis, run_id: str) -> int:
+    """How many of the run's final (completed) Check Run updates GitHub has got."""
+    return int(conn.get(keys.reported(run_id)) or 0)
+
+
+def record_final_updates(conn: Redis, run_id: str, count: int) -> None:
+    conn.set(keys.reported(run_id), count, ex=RESULT_TTL_S)
+
+
 def store_result(conn: Redis, run_id: str, data: dict[str, Any]) -> None:
     """A finished run's summary JSON, Check Run output and log tail (30 days)."""
     conn.set(keys.result(run_id), json.dumps(data), ex=RESULT_TTL_S)
@@ -369,7 +409,7 @@ def store_approval(conn: Redis, approval: Approval) -> None:
         "sha": approval.sha,
         "approver": approval.approver,
         "via": str(approval.via),
-        "at": str(time.time()),
+        "at": repr(approval.at or time.time()),
     }
     conn.hset(keys.approval(approval.repo, approval.number), mapping=mapping)
 
@@ -379,7 +419,8 @@ def approval_for(conn: Redis, repo: str, number: int) -> Approval | None:
     if not raw:
         return None
     data = {_text(k): _text(v) for k, v in raw.items()}
-    return Approval(repo, number, data["sha"], data["approver"], ApprovalVia(data["via"]))
+    at = float(data.get("at") or 0)
+    return Approval(repo, number, data["sha"], data["approver"], ApprovalVia(data["via"]), at)
 
 
 def void_approvals(conn: Redis, repo: str, number: int) -> bool:
@@ -387,11 +428,39 @@ def void_approvals(conn: Redis, repo: str, number: int) -> bool:
     return bool(conn.delete(keys.approval(repo, number)))
 
 
-def head_seen_at(conn: Redis, repo: str, number: int, sha: str, now: float | None = None) -> float:
-    """When gpuci first saw `sha` as the PR's head; the first call records `now`."""
-    key = keys.head_seen(repo, number, sha)
-    conn.set(key, str(time.time() if now is None else now), nx=True, ex=HEAD_SEEN_TTL_S)
-    return float(_text(conn.get(key) or b"0"))
+# Keeps, per head, the latest time it became the head: a force-push back to an older commit
+# moves that commit's time forward, and a redelivered old event cannot move it back.
+_NOTE_HEAD = """
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if not old or tonumber(old) < tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+"""
+
+
+def note_head(conn: Redis, repo: str, number: int, sha: str, at: float) -> None:
+    """`sha` became the PR's head at `at` (a webhook's time, or when gpuci saw it)."""
+    conn.eval(_NOTE_HEAD, 1, keys.heads(repo, number), sha, repr(at), HEADS_TTL_S)
+
+
+def heads(conn: Redis, repo: str, number: int) -> dict[str, float]:
+    """Every head gpuci knows the PR had, with when it most recently became the head."""
+    raw = conn.hgetall(keys.heads(repo, number))
+    return {_text(sha): float(_text(at)) for sha, at in raw.items()}
+
+
+def head_since(conn: Redis, repo: str, number: int, sha: str, now: float) -> float:
+    """Since when `sha` has been the PR's head without a break, as far as gpuci can tell: the
+    latest time it became the head, if no other head came after that. Otherwise (gpuci never
+    saw it become the head, or another head came later, so it came back unseen) `now`, which
+    is recorded as its time."""
+    known = heads(conn, repo, number)
+    at = known.get(sha)
+    if at is not None and all(t < at for s, t in known.items() if s != sha):
+        return at
+    note_head(conn, repo, number, sha, now)
+    return max(now, at or now)
 
 
 # --- the per-PR rate rule of command runs ----------------------------------------------------

@@ -8,7 +8,7 @@ enqueues `Decision.run`. `author_association` is never an input: it is not autho
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -20,7 +20,7 @@ from bot.commands import (
     natural_sorted,
     parse_comment,
 )
-from bot.timestamps import epoch
+from bot.timestamps import epoch, iso
 from contract.roles import Role, is_sha
 
 APPROVE_ACTION_ID = "approve"  # the check run `requested_action` identifier of the button
@@ -115,6 +115,7 @@ class Approval:
     sha: str
     approver: str
     via: ApprovalVia
+    at: float = field(default=0.0, compare=False)  # epoch seconds; set when it is stored
 
     def covers(self, pr: PullRequest, sha: str | None = None) -> bool:
         """Whether this approves `sha` (default: the PR's head) of this very PR."""
@@ -223,6 +224,7 @@ class RunRequest:
     batches: tuple[str, ...]
     trigger: str  # pull_request.<action>, label, command, button, rerequested
     requested_by: str
+    skip_done: bool = False  # leave out batches that already completed at this commit
 
 
 @dataclass(frozen=True)
@@ -280,8 +282,9 @@ def decide_pull_request(
     - synchronize: the new commit voids every approval (label removed, check reset to
       action_required) and cancels runs of older commits; a trusted PR runs the auto batches.
     - labeled with `config_label`: by a sender with write+, approves the event's head SHA and
-      runs the auto batches (drafts: approves only); by anyone else, nothing runs and the
-      label is removed with an explanation.
+      runs the auto batches (drafts: approves only; a head approved another way: runs those
+      not yet completed); by anyone else, nothing runs and the label is removed with an
+      explanation.
     - unlabeled `config_label` by a writer (not a bot): revokes the approval, cancels runs.
     - closed: cancels the PR's runs.
     """
@@ -315,8 +318,10 @@ def _automatic(
     trigger: str,
     effects: tuple[Effect, ...] = (),
     reasons: tuple[str, ...] = (),
+    who: str | None = None,
 ) -> Decision:
-    """What an automatic trigger does with a PR whose trust is known."""
+    """What an automatic trigger (caused by `who`, default the PR's author) does with a PR
+    whose trust is known."""
     if pr.draft:
         why = "Draft PR: no automatic runs (mark it ready for review, or `/gpuci run ...`)."
         return Decision(trust, pr.head_sha, (*reasons, why), effects)
@@ -325,7 +330,7 @@ def _automatic(
         return Decision(trust, pr.head_sha, (*reasons, why), effects)
     if trust in RUNNABLE:
         why = f"{_trust_reason(pr, trust, author_role)} Running {_names(auto_batches)}."
-        run = _run(pr, auto_batches, trigger, pr.author)
+        run = _run(pr, auto_batches, trigger, who or pr.author)
         return Decision(trust, pr.head_sha, (*reasons, why), effects, run=run)
     why = _approval_needed(pr, author_role)
     effects = (*effects, Effect.RESET_CHECKS_TO_ACTION_REQUIRED)
@@ -372,15 +377,19 @@ def _on_label(
             Trust.DENIED, pr.head_sha, (text,), (Effect.REMOVE_LABEL, Effect.REPLY), reply=text
         )
     trust = classify_pr(pr, author_role, approval)
-    if trust is not Trust.NEEDS_APPROVAL:
+    if trust is Trust.TRUSTED:
         return Decision(
             trust,
             pr.head_sha,
             (_trust_reason(pr, trust, author_role) + " The label changes nothing.",),
         )
+    if trust is Trust.APPROVED:  # approved another way: its automatic batches run, once
+        return _not_again(_automatic(pr, trust, author_role, auto_batches, "label", who=sender))
     new = _approval(pr, sender, ApprovalVia.LABEL)
     reasons = (f"@{sender} approved {_short(pr.head_sha)} with the `{config_label}` label.",)
-    decided = _automatic(pr, Trust.APPROVED, author_role, auto_batches, "label", (), reasons)
+    decided = _automatic(
+        pr, Trust.APPROVED, author_role, auto_batches, "label", (), reasons, who=sender
+    )
     return _with_approval(decided, new)
 
 
@@ -430,7 +439,8 @@ def decide_command(
     auto_batches: Sequence[str],
     failed_batches: Sequence[str] = (),
     runs_allowed: bool = True,
-    head_seen_at: float | None = None,
+    head_since: float | None = None,
+    known_heads: Sequence[str] = (),
 ) -> Decision:
     """The rule for `/gpuci` commands in an `issue_comment` on a PR:
 
@@ -438,11 +448,14 @@ def decide_command(
       IGNORED, as are comments without a command.
     - The commenter needs write+ (their role, never `author_association`); anyone else gets
       DENIED with a reply.
-    - `approve` and every run command from a writer on an untrusted PR approve the head SHA,
-      unless the head changed after the comment was written (`head_seen_at`, the time gpuci
-      first saw this head, later than the comment) or differs from `approve SHA`.
-    - `approve` alone runs the auto batches; run commands run what they name; `rerun failed`
-      runs `failed_batches`. No runs when `runs_allowed` is False (the per-PR rate limit).
+    - `approve` and every run command from a writer on an untrusted PR approve the head SHA
+      only if it has been the head without a break since before the comment was written
+      (`head_since`: since when, as far as gpuci knows). `approve SHA` names the commit:
+      the full SHA of the head approves it whenever it became the head; a prefix (7+ hex)
+      must be the head's, match no other of the PR's `known_heads`, and pass the time rule.
+    - An approval runs the auto batches (with what run commands name, except on drafts);
+      `approve` alone on an approved head runs nothing; `rerun failed` runs
+      `failed_batches`. No runs when `runs_allowed` is False (the per-PR rate limit).
     - cancel, status and help are effects and a reply; invalid lines are answered with why.
     """
     pr, who = event.pr, event.commenter.login
@@ -463,28 +476,46 @@ def decide_command(
     reasons, replies = [_trust_reason(pr, trust, author_role)], list(asked.replies)
     new_approval = None
     if asked.approve or asked.explicit_run:
-        refusal = _command_approval_refusal(pr, trust, asked, event.created_at, head_seen_at)
+        refusal = _command_approval_refusal(
+            pr, trust, asked, event.created_at, head_since, known_heads
+        )
         if refusal is not None:
             replies.append(refusal)
         elif trust is Trust.NEEDS_APPROVAL:
             new_approval, trust = _approval(pr, who, ApprovalVia.COMMAND), Trust.APPROVED
             reasons.append(f"@{who} approved {_short(pr.head_sha)} with a command.")
-    batches = asked.runs if asked.explicit_run else ()
-    if new_approval is not None and not asked.explicit_run:
-        batches = tuple(auto_batches)
     run = None
-    if batches and trust in RUNNABLE and runs_allowed:
-        run = _run(pr, batches, "command", who)
-        reasons.append(f"Running {_names(batches)} at {_short(pr.head_sha)}.")
-    elif batches and trust in RUNNABLE:
-        replies.append(
-            "Too many command-triggered runs on this PR lately: not run. Try again later."
-        )
+    if trust in RUNNABLE:
+        batches, held = _command_batches(asked, pr, new_approval, auto_batches, runs_allowed)
+        run = _run(pr, batches, "command", who) if batches else None
+        reasons += [f"Running {_names(batches)} at {_short(pr.head_sha)}."] if batches else []
+        if held:
+            replies.append(
+                f"Too many command-triggered runs on this PR lately: {_names(held)} not run. "
+                "Try again later."
+            )
     effects = (Effect.REACT_EYES, *asked.effects)
     effects += (Effect.STORE_APPROVAL,) if new_approval is not None else ()
     reply = "\n\n".join(replies) or None
     effects += (Effect.REPLY,) if reply is not None else ()
     return Decision(trust, pr.head_sha, tuple(reasons), effects, run, new_approval, reply)
+
+
+def _command_batches(
+    asked: _Asked,
+    pr: PullRequest,
+    new_approval: Approval | None,
+    auto_batches: Sequence[str],
+    runs_allowed: bool,
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(batches to run, batches held back by the rate limit). A new approval runs the auto
+    batches, as the label and the button do, whatever the rate limit (not on drafts when
+    the comment names what to run)."""
+    named = asked.runs if asked.explicit_run else ()
+    approved = () if new_approval is None or (asked.explicit_run and pr.draft) else auto_batches
+    if not runs_allowed:
+        return tuple(approved), tuple(b for b in named if b not in approved)
+    return tuple(natural_sorted({*named, *approved})), ()
 
 
 def _unread_comment(event: CommentEvent) -> Decision | None:
@@ -543,21 +574,42 @@ def _command_approval_refusal(
     trust: Trust,
     asked: _Asked,
     created_at: float | None,
-    head_seen_at: float | None,
+    head_since: float | None,
+    known_heads: Sequence[str],
 ) -> str | None:
     """Why a writer's comment approves nothing, or None: it must be about the head it saw."""
-    head = _short(pr.head_sha)
-    if asked.approve_sha is not None and not pr.head_sha.startswith(asked.approve_sha):
-        return f"Not approved: the head commit is {head}, not `{asked.approve_sha[:12]}`."
-    if trust is Trust.NEEDS_APPROVAL:
-        if created_at is not None and head_seen_at is not None and head_seen_at > created_at:
-            return (
-                f"Not approved: the head moved to {head} after your comment. "
-                "Review it and comment again."
-            )
+    head, named = _short(pr.head_sha), asked.approve_sha
+    if named is not None:
+        problem = _named_commit_problem(pr.head_sha, named, known_heads)
+        if problem is not None:
+            return problem
+    if trust is not Trust.NEEDS_APPROVAL:
+        if asked.approve and not asked.explicit_run:
+            return f"Nothing to approve: commit {head} is already {trust}."
         return None
-    if asked.approve and not asked.explicit_run:
-        return f"Nothing to approve: commit {head} is already {trust}."
+    if named is not None and len(named) == len(pr.head_sha):
+        return None  # the commit itself is named: whenever it became the head, it is this one
+    if created_at is not None and head_since is not None and head_since > created_at:
+        return (
+            f"Not approved: {head} has been the head only since {iso(head_since)}, after your "
+            f"comment ({iso(created_at)}), so it may not be the commit you reviewed. Review it, "
+            f"then comment `/gpuci approve {pr.head_sha}`."
+        )
+    return None
+
+
+def _named_commit_problem(head_sha: str, named: str, known_heads: Sequence[str]) -> str | None:
+    """Why `approve SHA` does not name the head unambiguously, or None."""
+    if not head_sha.startswith(named):
+        return (
+            f"Not approved: `{named[:12]}` is not the head commit; the head is "
+            f"{_short(head_sha)}. Review it, then comment `/gpuci approve {head_sha}`."
+        )
+    if any(sha != head_sha and sha.startswith(named) for sha in known_heads):
+        return (
+            f"Not approved: `{named}` is the prefix of more than one commit this PR has had at "
+            f"its head. Comment `/gpuci approve {head_sha}` (the full SHA)."
+        )
     return None
 
 
@@ -575,8 +627,9 @@ def decide_button(
     """The rule for `check_run` events a user causes:
 
     - requested_action `approve` ("Approve and run") by a writer on a check at the PR's head:
-      approves that SHA and runs the auto batches (even on a draft: it is explicit). A
-      non-writer is DENIED with a reply; a check of an older commit approves nothing.
+      approves that SHA and runs the auto batches (even on a draft: it is explicit); on a
+      head approved another way, runs those of them not yet completed. A non-writer is
+      DENIED with a reply; a check of an older commit approves nothing.
     - rerequested (Re-run) by a writer at the head: runs the check's batch (or the auto
       batches) if the PR is trusted or approved; it never approves.
     Closed PRs, bots and other actions are IGNORED.
@@ -591,10 +644,11 @@ def decide_button(
         if event.sha != pr.head_sha:
             return _ignored(pr, f"Button of an older commit {_short(event.sha)}: not the head.")
         trust = classify_pr(pr, author_role, approval)
-        if trust is Trust.APPROVED:
-            return Decision(trust, pr.head_sha, (f"{_short(pr.head_sha)} is already approved.",))
-        reasons = (f"@{who} approved {_short(pr.head_sha)} with the button.",)
         run = _run(pr, auto_batches, "button", who) if auto_batches else None
+        if trust is Trust.APPROVED:  # approved another way: its automatic batches run, once
+            why = f"{_short(pr.head_sha)} is already approved: running {_names(auto_batches)}."
+            return _not_again(Decision(trust, pr.head_sha, (why,), run=run))
+        reasons = (f"@{who} approved {_short(pr.head_sha)} with the button.",)
         if trust is Trust.TRUSTED:
             return Decision(trust, pr.head_sha, reasons, run=run)
         new = _approval(pr, who, ApprovalVia.BUTTON)
@@ -642,6 +696,12 @@ def _run(pr: PullRequest, batches: Sequence[str], trigger: str, who: str) -> Run
 
 def _approval(pr: PullRequest, approver: str, via: ApprovalVia) -> Approval:
     return Approval(pr.repo, pr.number, pr.head_sha, approver, via)
+
+
+def _not_again(decision: Decision) -> Decision:
+    """The decision's run without the batches that already completed at its commit."""
+    run = replace(decision.run, skip_done=True) if decision.run else None
+    return replace(decision, run=run)
 
 
 def _with_approval(decision: Decision, approval: Approval) -> Decision:

@@ -115,9 +115,10 @@ def approval(repo: str, number: int) -> str:
     return f"{PREFIX}:approval:{_pr(repo, number)}"
 
 
-def head_seen(repo: str, number: int, sha: str) -> str:
-    """String: epoch seconds when gpuci first saw `sha` as the PR's head (30 days)."""
-    return f"{PREFIX}:head-seen:{_pr(repo, number)}:{sha}"
+def heads(repo: str, number: int) -> str:
+    """Hash sha -> epoch seconds when that commit most recently became the PR's head, as far as
+    gpuci knows (30 days): whether a command's author can have seen the head it approves."""
+    return f"{PREFIX}:heads:{_pr(repo, number)}"
 
 
 def command_runs(repo: str, number: int) -> str:

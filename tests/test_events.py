@@ -266,7 +266,7 @@ def test_same_delivery_handled_twice_creates_nothing_twice(stack: Stack) -> None
     before = stack.state()
     stack.process()
     after = stack.state()
-    assert len(after["check_runs"]) == len(before["check_runs"]) == 3
+    assert len(after["check_runs"]) == len(before["check_runs"]) == 5  # 2 approvals, 3 queued
     assert after["comments"] == before["comments"]
     assert len(before["comments"]) == 2  # the command and one reply, with one 👀
     assert [r["content"] for r in before["comments"][0]["reactions"]] == ["eyes"]

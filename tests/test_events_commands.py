@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import pytest
+
 from bot import runs
+from bot.github_app import GitHubApp
+from bot.redeliver import redeliver_failed
 from bot.runs import RunState
+from contract.settings import Settings
 from tests.conftest import Stack
 from tests.test_events import AUTO, REPO, assert_approval_needed, assert_queued, fork_pr, states
 
@@ -54,18 +60,26 @@ def test_button_click_by_a_reader_is_refused(stack: Stack) -> None:
 
 
 def test_run_command_by_a_maintainer_on_a_fork_approves_and_runs_it(stack: Stack) -> None:
+    """The command approves the head: batch 10 runs, and so do the automatic batches, whose
+    checks leave action_required (no "Approve and run" button left that does nothing)."""
     pr = fork_pr(stack)
     sent = comment(stack, pr["number"], "alice", "LGTM\n/gpuci run batch 10")
     assert reactions(stack, sent["id"]) == ["gpuci[bot]:eyes"]
-    assert_queued(stack, pr["head_sha"], ["gpuci / batch 10"])
-    checks = stack.checks(pr["head_sha"])
-    assert {checks[name]["conclusion"] for name in AUTO} == {"action_required"}  # not asked for
+    assert_queued(stack, pr["head_sha"], [*AUTO, "gpuci / batch 10"])
+    assert all(not c.get("actions") for c in stack.checks(pr["head_sha"]).values())
     sha = pr["head_sha"][:7]
-    assert states(stack, pr["number"])[("10", sha)] == "pending"
-    [pending] = runs.pending_runs(stack.redis)
-    assert (pending.batch, pending.trigger, pending.requested_by) == ("10", "command", "alice")
+    assert states(stack, pr["number"]) == {
+        ("2", sha): "pending",
+        ("5", sha): "pending",
+        ("10", sha): "pending",
+    }
+    pending = runs.pending_runs(stack.redis)
+    assert {(r.batch, r.trigger, r.requested_by) for r in pending} == {
+        (batch, "command", "alice") for batch in ("2", "5", "10")
+    }
     approval = runs.approval_for(stack.redis, REPO, pr["number"])
     assert approval is not None and approval.via == "command"
+    assert {r.approval_text.split(" (")[0] for r in pending} == {"Approved by alice"}
     assert replies(stack, pr["number"]) == []
 
 
@@ -194,3 +208,104 @@ def test_check_suite_rerequest_reruns_the_suites_batches(stack: Stack) -> None:
     stack.process()
     assert sorted(r.batch for r in runs.pending_runs(stack.redis)) == ["2", "5"]
     assert_queued(stack, pr["head_sha"])
+
+
+# --- a command approves only a head that has been the head since before it was written ------
+
+
+def force_push(stack: Stack, number: int, sha: str) -> None:
+    """`git push --force` of a commit the PR had before: fakehub's control API pushes only new
+    commits, so this moves the head in its world and sends the `synchronize` as it does."""
+    from fakehub import webhooks
+    from fakehub.world import timestamp
+
+    world = stack.hub.world
+    with world.lock:
+        pr = world.pulls[(REPO, number)]
+        before, pr.head_sha, pr.updated_at = pr.head_sha, sha, timestamp()
+        world.repos[str(pr.head_repo)].branches[pr.head_ref] = sha
+        payload = webhooks.pull_request_event(
+            world, pr, "synchronize", pr.author, stack.hub.url, before=before
+        )
+    assert webhooks.emit(world, "pull_request", payload) is not None
+
+
+def next_second() -> None:
+    """GitHub's timestamps have whole seconds: what follows happens in a later one."""
+    time.sleep(1.05 - time.time() % 1)
+
+
+@pytest.mark.parametrize("push_seen_first", [True, False])
+def test_a_command_written_before_a_force_push_back_approves_nothing(
+    stack: Stack, push_seen_first: bool
+) -> None:
+    """Fork PR opened at M, pushed to a benign A, `/gpuci approve` by a maintainer (meant for
+    A), force-pushed back to M; the comment is handled only after that, through GitHub's
+    redelivery of a delivery gpuci missed, with the push's webhook handled before it (or not
+    yet). M was the head before, but not since the comment: nothing is approved, nothing
+    runs, and the reply says why and what to do."""
+    pr = fork_pr(stack)
+    number, m_sha = pr["number"], pr["head_sha"]
+    next_second()
+    a_sha = stack.control("POST", f"pulls/{REPO}/{number}/push", {"files": {"ok.py": "1\n"}})["sha"]
+    stack.process()
+    next_second()
+    since = time.time() - 60
+    world = stack.hub.world
+    webhook_url, world.app.webhook_url = world.app.webhook_url, "http://127.0.0.1:9/webhook"
+    try:  # gpuci misses the comment's delivery (no answer: GitHub will offer a redelivery)
+        body = {"user": "alice", "body": "/gpuci approve"}
+        sent = stack.control("POST", f"pulls/{REPO}/{number}/comments", body)
+        assert sent["delivery"]["status_code"] == 0
+    finally:
+        world.app.webhook_url = webhook_url
+    next_second()
+    if push_seen_first:
+        force_push(stack, number, m_sha)
+        stack.process()
+    else:  # the push's webhook is late: gpuci sees M only in the PR it fetches
+        with world.lock:
+            world.pulls[(REPO, number)].head_sha = m_sha
+    app = GitHubApp.from_settings(Settings.from_env())
+    assert redeliver_failed(app, stack.redis, since) == [sent["delivery"]["guid"]]
+    stack.process()
+
+    assert runs.approval_for(stack.redis, REPO, number) is None
+    assert runs.pending_runs(stack.redis) == []
+    assert {r.state for r in runs.runs_of_pr(stack.redis, REPO, number) if r.sha == m_sha} <= {
+        RunState.AWAITING_APPROVAL,
+        RunState.CANCELLED,
+    }
+    [reply] = replies(stack, number)
+    assert f"Not approved: `{m_sha[:12]}` has been the head only since" in reply
+    assert "after your comment" in reply and f"`/gpuci approve {m_sha}`" in reply
+    assert a_sha != m_sha
+    if not push_seen_first:  # the webhook comes: M is still not approved by the old comment
+        force_push(stack, number, m_sha)
+        stack.process()
+        assert runs.approval_for(stack.redis, REPO, number) is None
+
+
+def test_approve_with_the_full_sha_approves_that_commit_whenever_it_became_the_head(
+    stack: Stack,
+) -> None:
+    """The explicit form: the maintainer names the commit, so a push back to it before the
+    comment is handled does not matter; a prefix of an older head approves nothing."""
+    pr = fork_pr(stack)
+    number, m_sha = pr["number"], pr["head_sha"]
+    next_second()
+    a_sha = stack.control("POST", f"pulls/{REPO}/{number}/push", {"files": {"ok.py": "1\n"}})["sha"]
+    stack.process()
+    comment(stack, number, "alice", f"/gpuci approve {m_sha[:9]}")
+    [reply] = replies(stack, number)
+    assert f"`{m_sha[:9]}` is not the head commit; the head is `{a_sha[:12]}`" in reply
+    next_second()
+    force_push(stack, number, m_sha)
+    stack.process()
+    comment(stack, number, "alice", f"/gpuci approve {m_sha}")
+    approval = runs.approval_for(stack.redis, REPO, number)
+    assert approval is not None and (approval.sha, approval.approver) == (m_sha, "alice")
+    assert {(r.batch, r.sha) for r in runs.pending_runs(stack.redis)} == {
+        ("2", m_sha),
+        ("5", m_sha),
+    }

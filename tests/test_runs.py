@@ -93,10 +93,29 @@ def test_an_approval_is_one_commit_and_can_be_voided(redis_conn: Redis) -> None:
     assert runs.void_approvals(redis_conn, REPO, 7) is False
 
 
-def test_head_seen_at_keeps_the_first_sighting(redis_conn: Redis) -> None:
-    assert runs.head_seen_at(redis_conn, REPO, 7, SHA_A, now=100.0) == 100.0
-    assert runs.head_seen_at(redis_conn, REPO, 7, SHA_A, now=200.0) == 100.0
-    assert runs.head_seen_at(redis_conn, REPO, 7, SHA_B, now=300.0) == 300.0
+def test_head_since_is_when_the_head_last_became_the_head(redis_conn: Redis) -> None:
+    """M opened at 100, pushed to A at 200, force-pushed back to M at 300: M has been the head
+    since 300, not 100; an old event handled again moves nothing back."""
+    runs.note_head(redis_conn, REPO, 7, SHA_A, 100.0)
+    runs.note_head(redis_conn, REPO, 7, SHA_B, 200.0)
+    assert runs.head_since(redis_conn, REPO, 7, SHA_B, now=250.0) == 200.0
+    runs.note_head(redis_conn, REPO, 7, SHA_A, 300.0)
+    runs.note_head(redis_conn, REPO, 7, SHA_A, 100.0)  # the opened event, redelivered
+    assert runs.head_since(redis_conn, REPO, 7, SHA_A, now=400.0) == 300.0
+    assert runs.heads(redis_conn, REPO, 7) == {SHA_A: 300.0, SHA_B: 200.0}
+    assert runs.heads(redis_conn, REPO, 8) == {}
+
+
+def test_a_head_gpuci_cannot_vouch_for_is_new_since_now(redis_conn: Redis) -> None:
+    """The PR's head is one gpuci saw leave (its push back not yet handled) or never saw."""
+    runs.note_head(redis_conn, REPO, 7, SHA_A, 100.0)
+    runs.note_head(redis_conn, REPO, 7, SHA_B, 200.0)
+    assert runs.head_since(redis_conn, REPO, 7, SHA_A, now=500.0) == 500.0  # back to A, unseen
+    assert runs.head_since(redis_conn, REPO, 7, SHA_A, now=600.0) == 500.0  # recorded
+    runs.note_head(redis_conn, REPO, 7, SHA_A, 300.0)  # its webhook, late: the time stays
+    assert runs.head_since(redis_conn, REPO, 7, SHA_A, now=700.0) == 500.0
+    other = "c" * 40
+    assert runs.head_since(redis_conn, REPO, 9, other, now=800.0) == 800.0
 
 
 def test_command_run_times_cover_the_last_hour(redis_conn: Redis) -> None:

@@ -128,7 +128,7 @@ POLICY = [
     ("labeled", READ, False, False, MAINTAIN, None, LABEL, APPROVED, (STORE,), AUTO),
     ("labeled", NONE, True, False, ADMIN, OLD, LABEL, APPROVED, (STORE,), AUTO),
     ("labeled", NONE, True, True, WRITE, None, LABEL, APPROVED, (STORE,), None),
-    ("labeled", NONE, True, False, WRITE, HEAD, LABEL, APPROVED, (), None),
+    ("labeled", NONE, True, False, WRITE, HEAD, LABEL, APPROVED, (), AUTO),  # approved before
     ("labeled", WRITE, False, False, WRITE, None, LABEL, TRUSTED, (), None),
     ("labeled", NONE, True, False, READ, None, LABEL, DENIED, (UNLABEL, REPLY), None),
     ("labeled", NONE, True, False, TRIAGE, None, LABEL, DENIED, (UNLABEL, REPLY), None),
@@ -143,7 +143,9 @@ POLICY = [
     ("closed", NONE, True, False, NONE, HEAD, "", IGNORED, (CANCEL,), None),
     # Commands: write+ only; on an untrusted PR a run or approve approves the head SHA.
     ("comment", NONE, True, False, WRITE, None, "/gpuci run batch 10", APPROVED,
-     (EYES, STORE), ("10",)),
+     (EYES, STORE), ("2", "5", "10")),  # an approval runs the automatic batches too
+    ("comment", NONE, True, True, WRITE, None, "/gpuci run batch 10", APPROVED,
+     (EYES, STORE), ("10",)),  # a draft has no automatic runs
     ("comment", READ, False, False, MAINTAIN, None, "/gpuci approve", APPROVED,
      (EYES, STORE), AUTO),
     ("comment", NONE, True, False, ADMIN, OLD, "/gpuci approve", APPROVED, (EYES, STORE), AUTO),
@@ -169,7 +171,7 @@ POLICY = [
     ("button", NONE, True, False, WRITE, None, "", APPROVED, (STORE,), AUTO),
     ("button", READ, False, False, ADMIN, OLD, "", APPROVED, (STORE,), AUTO),
     ("button", NONE, True, True, MAINTAIN, None, "", APPROVED, (STORE,), AUTO),
-    ("button", NONE, True, False, WRITE, HEAD, "", APPROVED, (), None),
+    ("button", NONE, True, False, WRITE, HEAD, "", APPROVED, (), AUTO),  # approved before
     ("button", WRITE, False, False, WRITE, None, "", TRUSTED, (), AUTO),
     ("button", NONE, True, False, READ, None, "", DENIED, (REPLY,), None),
     ("button", NONE, True, False, TRIAGE, None, "", DENIED, (REPLY,), None),
@@ -343,6 +345,21 @@ def test_label_added_by_a_bot_approves_nothing(label_sender: Actor) -> None:
     assert (decision.trust, decision.run, decision.approval) == (DENIED, None, None)
 
 
+@pytest.mark.parametrize("event", ["labeled", "button"])
+@pytest.mark.parametrize(("approved", "skip_done"), [(None, False), (HEAD, True)])
+def test_label_and_button_run_the_auto_batches_as_the_approver(
+    event: str, approved: str | None, skip_done: bool
+) -> None:
+    """The runs are the approver's, not the PR author's; on a head approved before (by a
+    command), they run the automatic batches that have not completed there yet."""
+    decision = decide(
+        event, NONE, True, False, MAINTAIN, approved, LABEL if event == "labeled" else ""
+    )
+    assert decision.run is not None and decision.run.batches == AUTO
+    assert (decision.run.requested_by, decision.run.skip_done) == ("actor", skip_done)
+    assert (decision.approval is None) is skip_done
+
+
 @pytest.mark.parametrize(("fork", "trust"), [(False, TRUSTED), (True, NEEDS)])
 def test_without_auto_batches_nothing_runs_and_no_approval_is_asked(
     fork: bool, trust: Trust
@@ -362,36 +379,76 @@ def test_events_of_a_closed_pr_run_nothing(action: str) -> None:
 # --- commands: the head seen, rate limit, rerun failed, several commands at once -----------
 
 
+HEAD_TWIN = HEAD[:7] + "c" * 33  # another commit the PR had, with the head's 7-hex prefix
+
+
 @pytest.mark.parametrize(
-    ("body", "seen_at", "approved", "reply_says"),
+    ("body", "since", "known", "approved", "reply_says"),
     [
-        ("/gpuci approve", 90.0, True, None),
-        ("/gpuci approve", 100.0, True, None),
-        ("/gpuci approve", None, True, None),
-        ("/gpuci approve", 101.0, False, "after your comment"),  # pushed after the comment
-        ("/gpuci run batch 2", 150.0, False, "after your comment"),
-        (f"/gpuci approve {HEAD[:7]}", 90.0, True, None),
-        (f"/gpuci approve {OLD[:10]}", 90.0, False, "not `aaaaaaaaaa`"),
+        ("/gpuci approve", 90.0, (), True, None),
+        ("/gpuci approve", 100.0, (), True, None),  # GitHub's timestamps are whole seconds
+        ("/gpuci approve", None, (), True, None),
+        ("/gpuci approve", 101.0, (), False, "after your comment"),  # pushed after the comment
+        ("/gpuci run batch 2", 150.0, (), False, f"comment `/gpuci approve {HEAD}`"),
+        (f"/gpuci approve {HEAD[:7]}", 90.0, (OLD,), True, None),
+        (f"/gpuci approve {HEAD[:7]}", 150.0, (), False, "after your comment"),
+        (f"/gpuci approve {HEAD[:7]}", 90.0, (HEAD_TWIN,), False, "more than one commit"),
+        (f"/gpuci approve {HEAD[:12]}", 90.0, (HEAD_TWIN,), True, None),
+        (f"/gpuci approve {HEAD}", 150.0, (HEAD_TWIN,), True, None),  # the commit, named
+        (f"/gpuci approve {HEAD.upper()}", 150.0, (), True, None),
+        (f"/gpuci approve {OLD[:10]}", 90.0, (), False, "`aaaaaaaaaa` is not the head commit"),
+        (f"/gpuci approve {OLD}", 90.0, (OLD,), False, f"comment `/gpuci approve {HEAD}`"),
     ],
 )
 def test_a_command_approves_only_the_head_its_author_saw(
-    body: str, seen_at: float | None, approved: bool, reply_says: str | None
+    body: str, since: float | None, known: tuple[str, ...], approved: bool, reply_says: str | None
 ) -> None:
+    """`head_since`: since when the head has been the head without a break; a command
+    approves it only if that is no later than the comment, or if it names the full SHA."""
     event = CommentEvent("created", make_pr(fork=True), Actor("maint"), body, APP, created_at=100.0)
-    decision = _comment_decision(event, WRITE, head_seen_at=seen_at)
+    decision = _comment_decision(event, WRITE, head_since=since, known_heads=(HEAD, *known))
     assert (decision.approval is not None) is approved
     assert (decision.run is not None) is approved
     assert decision.trust is (APPROVED if approved else NEEDS)
-    if reply_says:
+    if approved:
+        assert decision.approval is not None and decision.approval.sha == HEAD
+        assert decision.reply is None
+    else:
         assert decision.reply is not None and reply_says in decision.reply
 
 
-def test_rate_limit_keeps_the_approval_but_runs_nothing() -> None:
-    event = CommentEvent("created", make_pr(fork=True), Actor("maint"), "/gpuci run all", APP)
-    decision = _comment_decision(event, WRITE, runs_allowed=False)
-    assert (decision.trust, decision.run) == (APPROVED, None)
-    assert decision.effects == (EYES, STORE, REPLY)
-    assert decision.reply is not None and "Too many" in decision.reply
+@pytest.mark.parametrize(
+    ("fork", "body", "runs", "held"),
+    [
+        (True, "/gpuci run all", AUTO, "`4a`, `10` not run"),  # the approval's batches run
+        (True, "/gpuci approve", AUTO, None),
+        (False, "/gpuci run batch 10", None, "`10` not run"),
+    ],
+)
+def test_rate_limit_holds_back_what_a_command_names_not_what_an_approval_runs(
+    fork: bool, body: str, runs: tuple[str, ...] | None, held: str | None
+) -> None:
+    event = CommentEvent("created", make_pr(fork=fork), Actor("maint"), body, APP)
+    author = NONE if fork else WRITE
+    decision = decide_command(
+        event,
+        author_role=author,
+        commenter_role=WRITE,
+        approval=None,
+        valid_batches=BATCHES,
+        layers=LAYERS,
+        auto_batches=AUTO,
+        runs_allowed=False,
+    )
+    assert decision.trust is (APPROVED if fork else TRUSTED)
+    assert (decision.approval is not None) is fork
+    assert (decision.run.batches if decision.run else None) == runs
+    if held is None:
+        assert decision.reply is None
+    else:
+        assert (
+            decision.reply is not None and "Too many" in decision.reply and held in decision.reply
+        )
 
 
 @pytest.mark.parametrize(
