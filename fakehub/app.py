@@ -75,8 +75,23 @@ def base_url() -> str:
 
 
 def github(path: str) -> Response:
+    """Answer one GitHub API request and add it to the world's request log."""
     world = world_of(current_app)
     found = description.match(request.method, "/" + path)
+    response = _github(world, found, path)
+    with world.lock:
+        world.requests.append(
+            {
+                "method": request.method,
+                "path": "/" + path,
+                "operation": found[0].operation_id if found else None,
+                "status": response.status_code,
+            }
+        )
+    return response
+
+
+def _github(world: World, found: tuple[Operation, dict[str, str]] | None, path: str) -> Response:
     if found is None:
         return error(404, "Not Found")
     op, raw_params = found

@@ -1,6 +1,7 @@
-"""The /_fakehub/ control API: read the whole state and act as GitHub's users do (open, push,
-close, label, comment, click a check run button, change a role, inject faults), each action
-delivering the webhook GitHub would send."""
+"""The /_fakehub/ control API: read the whole state and the request log, and act as GitHub's
+users do (open, push, close, label, comment, edit a comment, delete a repository, click a check
+run button, change a role, inject faults), each action delivering the webhook GitHub would
+send."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from fakehub.world import (
     Pull,
     World,
     WorldError,
+    delete_repo,
     open_pull,
     push,
     timestamp,
@@ -168,6 +170,8 @@ def push_to_pull(owner: str, name: str, number: int) -> Response:
     with world.lock:
         pr = _pull(world, owner, name, number)
         sender = _user(world, {"user": body.get("user", pr.author)})
+        if pr.head_repo is None:
+            raise ControlError(422, f"{pr.repo}#{number}: its head repository was deleted")
         before = pr.head_sha
         commit = push(world, pr, body.get("files"), body.get("message"), sender)
         payload = webhooks.pull_request_event(
@@ -235,6 +239,50 @@ def comment_on_pull(owner: str, name: str, number: int) -> tuple[Response, int]:
         payload = webhooks.issue_comment_event(world, found, pr, _api())
     delivery = _deliver(world, "issue_comment", payload)
     return jsonify({"comment": _comment_json(found), "delivery": delivery}), 201
+
+
+@blueprint.patch("/comments/<int:comment_id>")
+def edit_comment(comment_id: int) -> Response:
+    """{"body": text, "user"?: login}: edit a comment, as its author (the default) or a user
+    with write access does; delivers `issue_comment` edited with the old body in `changes`."""
+    world, body = _world(), _json()
+    with world.lock:
+        found = world.comments.get(comment_id)
+        if found is None:
+            raise ControlError(404, f"no comment {comment_id}")
+        sender = _user(world, {"user": body.get("user", found.user)})
+        if sender != found.user and world.role(world.repos[found.repo], sender) not in (
+            "write",
+            "maintain",
+            "admin",
+        ):
+            raise ControlError(403, f"{sender} may not edit {found.user}'s comment: needs write")
+        if not isinstance(body.get("body"), str):
+            raise ControlError(400, '"body" must be the new comment text')
+        before, found.body, found.updated_at = found.body, body["body"], timestamp()
+        owner, name = found.repo.split("/")
+        pr = _pull(world, owner, name, found.issue_number)
+        payload = webhooks.issue_comment_event(
+            world, found, pr, _api(), sender=sender, edited_from=before
+        )
+    delivery = _deliver(world, "issue_comment", payload)
+    return jsonify({"comment": _comment_json(found), "delivery": delivery})
+
+
+# ------------------------------------------------------------------------------ repositories
+
+
+@blueprint.post("/repos/<owner>/<name>/delete")
+def delete_repository(owner: str, name: str) -> Response:
+    """Delete a repository (a fork, say): its pull requests stay open with `head.repo` null.
+    GitHub tells the base repository's App nothing, so no webhook is sent; the next event
+    about such a pull request carries the null head repository."""
+    world = _world()
+    with world.lock:
+        orphans = delete_repo(world, f"{owner}/{name}")
+        return jsonify(
+            {"deleted": f"{owner}/{name}", "pulls": [f"{pr.repo}#{pr.number}" for pr in orphans]}
+        )
 
 
 # ------------------------------------------------------------------------------ check runs
@@ -318,6 +366,22 @@ def clear_faults() -> Response:
     with world.lock:
         world.faults.clear()
     return jsonify({"faults": []})
+
+
+@blueprint.get("/requests")
+def list_requests() -> Response:
+    """Every GitHub API request fakehub answered, oldest first (the control API is not one)."""
+    world = _world()
+    with world.lock:
+        return jsonify({"requests": list(world.requests)})
+
+
+@blueprint.delete("/requests")
+def clear_requests() -> Response:
+    world = _world()
+    with world.lock:
+        world.requests.clear()
+    return jsonify({"requests": []})
 
 
 # ------------------------------------------------------------------------------ downloads

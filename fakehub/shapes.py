@@ -192,6 +192,19 @@ def _branch_end(world: World, repo: Repo, ref: str, sha: str, api: str) -> dict[
     }
 
 
+def _head(world: World, pr: Pull, api: str) -> dict[str, Any]:
+    """The pull request's head; `repo` is null once the head repository was deleted."""
+    if pr.head_repo is not None:
+        return _branch_end(world, world.repos[pr.head_repo], pr.head_ref, pr.head_sha, api)
+    return {
+        "label": f"{pr.head_owner}:{pr.head_ref}",
+        "ref": pr.head_ref,
+        "sha": pr.head_sha,
+        "user": user(world, pr.head_owner, api),
+        "repo": None,
+    }
+
+
 def pull(world: World, pr: Pull, api: str) -> dict[str, Any]:
     repo = world.repos[pr.repo]
     url = f"{api}/repos/{pr.repo}/pulls/{pr.number}"
@@ -228,7 +241,7 @@ def pull(world: World, pr: Pull, api: str) -> dict[str, Any]:
         "assignees": [],
         "requested_reviewers": [],
         "requested_teams": [],
-        "head": _branch_end(world, world.repos[pr.head_repo], pr.head_ref, pr.head_sha, api),
+        "head": _head(world, pr, api),
         "base": _branch_end(world, repo, pr.base_ref, pr.base_sha, api),
         "_links": {
             name: {"href": href}
@@ -328,7 +341,7 @@ def comment(world: World, found: Comment, api: str) -> dict[str, Any]:
         "body": found.body,
         "user": user(world, found.user, api),
         "created_at": found.created_at,
-        "updated_at": found.created_at,
+        "updated_at": found.updated_at or found.created_at,
         "author_association": author_association(world, repo, found.user),
         "performed_via_github_app": None,
         "reactions": reactions_summary(found.reactions, f"{url}/reactions"),
@@ -346,13 +359,12 @@ def reaction(world: World, found: Reaction, api: str) -> dict[str, Any]:
 
 
 def pull_minimal(world: World, pr: Pull, api: str) -> dict[str, Any]:
-    def end(repo_name: str, ref: str, sha: str) -> dict[str, Any]:
+    def end(repo_name: str | None, ref: str, sha: str) -> dict[str, Any]:
+        if repo_name is None:
+            return {"ref": ref, "sha": sha, "repo": None}
         repo = world.repos[repo_name]
-        return {
-            "ref": ref,
-            "sha": sha,
-            "repo": {"id": repo.id, "url": f"{api}/repos/{repo_name}", "name": repo.name},
-        }
+        shown = {"id": repo.id, "url": f"{api}/repos/{repo_name}", "name": repo.name}
+        return {"ref": ref, "sha": sha, "repo": shown}
 
     return {
         "id": pr.id,

@@ -79,14 +79,26 @@ def pull_request_event(
     return complete("pull_request", action, payload)
 
 
-def issue_comment_event(world: World, found: Comment, pr: Pull, api: str) -> dict[str, Any]:
+def issue_comment_event(
+    world: World,
+    found: Comment,
+    pr: Pull,
+    api: str,
+    *,
+    sender: str | None = None,
+    edited_from: str | None = None,
+) -> dict[str, Any]:
+    """`created`; with `edited_from` (the body before the edit), `edited` by `sender`."""
+    action = "created" if edited_from is None else "edited"
     payload = {
-        "action": "created",
+        "action": action,
         "issue": shapes.issue_for_pull(world, pr, api),
         "comment": shapes.comment(world, found, api),
-        **_common(world, pr.repo, found.user, api),
+        **_common(world, pr.repo, sender or found.user, api),
     }
-    return complete("issue_comment", "created", payload)
+    if edited_from is not None:
+        payload["changes"] = {"body": {"from": edited_from}}
+    return complete("issue_comment", action, payload)
 
 
 def check_run_event(

@@ -107,7 +107,7 @@ class Pull:
     id: int
     number: int
     repo: str
-    head_repo: str
+    head_repo: str | None  # None once the head repository was deleted (a deleted fork)
     head_ref: str
     head_sha: str
     base_ref: str
@@ -121,6 +121,7 @@ class Pull:
     created_at: str = field(default_factory=timestamp)
     updated_at: str = field(default_factory=timestamp)
     closed_at: str | None = None
+    head_owner: str = ""  # the head repository's owner (kept when the repository is deleted)
 
 
 @dataclass
@@ -140,6 +141,7 @@ class Comment:
     body: str
     created_at: str
     reactions: list[Reaction] = field(default_factory=list)
+    updated_at: str | None = None  # set by an edit
 
 
 @dataclass
@@ -221,6 +223,7 @@ class World:
     tokens: dict[str, Token] = field(default_factory=dict)
     deliveries: list[Delivery] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)  # the REST calls, in order
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(5000), repr=False)
 
@@ -478,6 +481,7 @@ def open_pull(world: World, entry: dict[str, Any], *, base_dir: Path) -> Pull:
         number=number,
         repo=repo.full_name,
         head_repo=head_repo.full_name,
+        head_owner=head_repo.owner,
         head_ref=ref,
         head_sha=head_sha,
         base_ref=base_ref,
@@ -525,7 +529,9 @@ def push(
     world: World, pull: Pull, files: dict[str, Any] | None, message: str | None, author: str
 ) -> Commit:
     """A new commit on the pull request's head branch: the old head's files with `files`
-    applied (a null value deletes the path)."""
+    applied (a null value deletes the path). WorldError once the head repository is gone."""
+    if pull.head_repo is None:
+        raise WorldError(f"{pull.repo}#{pull.number}: its head repository was deleted")
     parent = world.commits[pull.head_sha]
     tree = dict(parent.files)
     for path, content in (files or {}).items():
@@ -539,3 +545,25 @@ def push(
     pull.updated_at = timestamp()
     world.repos[pull.head_repo].branches[pull.head_ref] = commit.sha
     return commit
+
+
+def delete_repo(world: World, full_name: str) -> list[Pull]:
+    """Delete a repository as its owner would: gone from the API and every installation; the
+    pull requests it is the head of stay open with no head repository (GitHub then sends
+    `head.repo: null`). Their commits stay readable through the base repository, as on
+    GitHub. A repository that is a pull request's base, or another's fork parent, cannot be
+    deleted here (WorldError). Returns the pull requests left without a head repository."""
+    if full_name not in world.repos:
+        raise WorldError(f"no repository {full_name!r}")
+    if any(pr.repo == full_name for pr in world.pulls.values()):
+        raise WorldError(f"{full_name} is a pull request's base repository; not modelled")
+    if any(repo.fork_of == full_name for repo in world.repos.values()):
+        raise WorldError(f"{full_name} has forks; delete them first")
+    del world.repos[full_name]
+    for inst in world.installations.values():
+        if inst.repositories is not None and full_name in inst.repositories:
+            inst.repositories.remove(full_name)
+    orphans = [pr for pr in world.pulls.values() if pr.head_repo == full_name]
+    for pr in orphans:
+        pr.head_repo = None
+    return orphans

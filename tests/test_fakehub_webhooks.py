@@ -123,8 +123,27 @@ def _open(hub: Running) -> requests.Response:
     return control(hub, "POST", "/pulls", body)
 
 
+def _edit(hub: Running) -> requests.Response:
+    made = control(hub, "POST", "/pulls/acme/sample/2/comments", {"user": "bob", "body": "hi"})
+    comment_id = made.json()["comment"]["id"]
+    return control(hub, "PATCH", f"/comments/{comment_id}", {"body": "/gpuci run all"})
+
+
+def _label_after_the_fork_is_deleted(hub: Running) -> requests.Response:
+    assert control(hub, "POST", "/repos/outsider/sample/delete", {}).status_code == 200
+    body = {"user": "carol", "add": "gpuci/approved"}
+    return control(hub, "POST", "/pulls/acme/sample/2/labels", body)
+
+
 # action name -> (do it, event, action, sender)
 ACTIONS: dict[str, tuple[Any, str, str, str]] = {
+    "comment_edited": (_edit, "issue_comment", "edited", "bob"),
+    "labeled_head_repo_deleted": (
+        _label_after_the_fork_is_deleted,
+        "pull_request",
+        "labeled",
+        "carol",
+    ),
     "opened": (_open, "pull_request", "opened", "alice"),
     "synchronize": (
         lambda h: control(h, "POST", "/pulls/acme/sample/1/push", {"files": {"a": "b"}}),
@@ -194,6 +213,67 @@ def test_control_actions_deliver_signed_schema_valid_webhooks(
     assert payload["installation"]["id"] == 101
     assert validate(event, action, payload) == []
     assert answer.json()["delivery"]["status_code"] == 202
+
+
+def test_an_edited_comment_carries_the_new_body_and_the_old_one(
+    hub: Running, receiver: Receiver
+) -> None:
+    made = control(hub, "POST", "/pulls/acme/sample/2/comments", {"user": "bob", "body": "v1"})
+    comment_id = made.json()["comment"]["id"]
+    edited = control(hub, "PATCH", f"/comments/{comment_id}", {"body": "v2"})
+    assert edited.status_code == 200, edited.text
+    payload = json.loads(receiver.received[-1][1])
+    assert (payload["action"], payload["comment"]["body"]) == ("edited", "v2")
+    assert payload["changes"] == {"body": {"from": "v1"}}
+    assert payload["comment"]["id"] == comment_id
+    assert payload["comment"]["updated_at"] >= payload["comment"]["created_at"]
+    by_another = control(hub, "PATCH", f"/comments/{comment_id}", {"user": "carol", "body": "x"})
+    assert by_another.status_code == 403  # carol has triage: only write+ edits others' comments
+    assert control(hub, "PATCH", "/comments/1", {"body": "x"}).status_code == 404
+    assert len(receiver.received) == 2
+
+
+def test_a_deleted_head_repository_leaves_its_pull_open_with_no_head_repo(
+    hub: Running, receiver: Receiver
+) -> None:
+    deleted = control(hub, "POST", "/repos/outsider/sample/delete", {})
+    assert deleted.json() == {"deleted": "outsider/sample", "pulls": ["acme/sample#2"]}
+    assert receiver.received == []  # GitHub tells the base repository's App nothing
+    headers = {"Authorization": f"token {_token(hub)}"}
+    pull = requests.get(f"{hub.url}/repos/acme/sample/pulls/2", headers=headers, timeout=10)
+    assert pull.status_code == 200
+    head = pull.json()["head"]
+    assert head["repo"] is None and head["sha"] == hub.world.pulls[("acme/sample", 2)].head_sha
+    assert pull.json()["state"] == "open"
+    gone = requests.get(f"{hub.url}/repos/outsider/sample", headers=headers, timeout=10)
+    assert gone.status_code == 404
+    tarball = requests.get(
+        f"{hub.url}/repos/acme/sample/tarball/{head['sha']}", headers=headers, timeout=10
+    )
+    assert tarball.status_code == 200  # the base repository still serves the PR's commit
+    pushed = control(hub, "POST", "/pulls/acme/sample/2/push", {"files": {"a": "b"}})
+    assert pushed.status_code == 422 and "deleted" in pushed.json()["message"]
+    again = control(hub, "POST", "/repos/outsider/sample/delete", {})
+    assert again.status_code == 400
+    base = control(hub, "POST", "/repos/acme/sample/delete", {})
+    assert base.status_code == 400 and "base repository" in base.json()["message"]
+
+
+def test_every_github_request_is_in_the_request_log(hub: Running) -> None:
+    token = _token(hub)
+    headers = {"Authorization": f"token {token}"}
+    requests.get(f"{hub.url}/repos/acme/sample/pulls/1", headers=headers, timeout=10)
+    requests.get(f"{hub.url}/repos/acme/sample/nothing-here", headers=headers, timeout=10)
+    control(hub, "POST", "/pulls/acme/sample/1/close", {})
+    logged = requests.get(f"{hub.url}/_fakehub/requests", timeout=10).json()["requests"]
+    assert [(r["method"], r["operation"], r["status"]) for r in logged] == [
+        ("POST", "apps/create-installation-access-token", 201),
+        ("GET", "pulls/get", 200),
+        ("GET", None, 404),
+    ]
+    assert logged[1]["path"] == "/repos/acme/sample/pulls/1"
+    assert requests.delete(f"{hub.url}/_fakehub/requests", timeout=10).json() == {"requests": []}
+    assert requests.get(f"{hub.url}/_fakehub/requests", timeout=10).json() == {"requests": []}
 
 
 def test_synchronize_carries_the_new_head_and_the_old_one(hub: Running, receiver: Receiver) -> None:
