@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -172,10 +173,24 @@ def test_fork_pr_waits_for_approval_then_runs_and_push_voids_it(loop: Stack) -> 
         f"pulls/acme/sample/{pr['number']}/labels",
         {"user": "maya", "add": "gpuci/approved"},
     )
+    labelled_at = time.time()
     run_everything(loop)
     approved = loop.checks(sha)
     assert approved["gpuci / batch cpu"]["conclusion"] == "success"
     assert approved["gpuci / batch 2"]["conclusion"] == "failure"
+    # the audit trail: who approved this fork's code, how and when (not the PR's author)
+    ran = [r for r in runs.runs_of_pr(loop.redis, "acme/sample", pr["number"]) if r.sha == sha]
+    assert {(r.batch, r.requested_by, r.approved_by, r.approved_via) for r in ran} == {
+        (batch, "maya", "maya", "label") for batch in AUTO
+    }
+    assert all(labelled_at - 5 < r.approved_at < time.time() for r in ran)
+    audit = ran[0].approval_text
+    assert audit.startswith("Approved by maya (label, 20")
+    for check in approved.values():
+        if "batch" in check["name"]:
+            assert check["output"]["summary"].startswith(f"{audit}.\n\n")
+    page = requests.get(f"{loop.web_url}/runs/{ran[0].run_id}", timeout=10).text
+    assert "approval by maya (approved)" in page and audit in page and "carl" not in page
     pushed = loop.control(
         "POST",
         f"pulls/acme/sample/{pr['number']}/push",
@@ -254,12 +269,22 @@ def test_push_supersedes_a_running_batch(loop: Stack) -> None:
     old = loop.checks(pr["head_sha"])["gpuci / batch cpu"]
     assert old["conclusion"] == "cancelled"
     assert pushed["sha"][:12] in old["output"]["title"] + old["output"]["summary"]
+    # its Check Run was completed once, when it was cancelled, though its host reported after
+    patches = [h["request"] for h in check_history(loop, old["id"])]
+    assert [p.get("status") for p in patches].count("completed") == 1, patches
+    assert load_result(loop.redis, slow.run_id) is not None  # the host's report did arrive
     new = {
         r.batch: r.state
         for r in runs.runs_of_pr(loop.redis, "acme/sample", pr["number"])
         if r.sha == pushed["sha"]
     }
     assert new == dict.fromkeys(AUTO, RunState.PENDING)
+
+
+def check_history(stack: Stack, check_id: int) -> list[dict[str, Any]]:
+    """Every create and update request fakehub recorded for one Check Run."""
+    found = next(c for c in stack.state()["check_runs"] if c["id"] == check_id)
+    return list(found["history"])
 
 
 def start_worker() -> subprocess.Popen[bytes]:

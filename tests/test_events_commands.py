@@ -13,7 +13,16 @@ from bot.redeliver import redeliver_failed
 from bot.runs import RunState
 from contract.settings import Settings
 from tests.conftest import Stack
-from tests.test_events import AUTO, REPO, assert_approval_needed, assert_queued, fork_pr, states
+from tests.test_events import (
+    AUTO,
+    LABEL,
+    REPO,
+    assert_approval_needed,
+    assert_queued,
+    fork_pr,
+    label,
+    states,
+)
 
 
 def comment(stack: Stack, number: int, user: str, body: str) -> Any:
@@ -309,3 +318,35 @@ def test_approve_with_the_full_sha_approves_that_commit_whenever_it_became_the_h
         ("2", m_sha),
         ("5", m_sha),
     }
+
+
+@pytest.mark.parametrize("how", ["button", "label"])
+def test_on_a_head_approved_by_a_command_the_button_and_the_label_run_the_rest(
+    stack: Stack, how: str
+) -> None:
+    """`/gpuci approve` approved the head; batch 2 completed there, batch 5 was cancelled. The
+    "Approve and run" button still shown on the first check, or the label, does not answer
+    "already approved" and do nothing: batch 5 runs again, batch 2 does not."""
+    pr = fork_pr(stack)
+    number, sha = pr["number"], pr["head_sha"]
+    button = stack.checks(sha)[AUTO[1]]  # action_required, with the button
+    comment(stack, number, "alice", "/gpuci approve")
+    complete(stack, number, "2", "success")
+    comment(stack, number, "alice", "/gpuci cancel")
+    assert runs.pending_runs(stack.redis) == []
+    if how == "button":
+        stack.control(
+            "POST",
+            f"check-runs/{button['id']}/requested-action",
+            {"user": "wendy", "identifier": "approve"},
+        )
+    else:
+        label(stack, number, "wendy", add=LABEL)
+    stack.process()
+    [again] = runs.pending_runs(stack.redis)
+    assert (again.batch, again.sha, again.requested_by) == ("5", sha, "wendy")
+    assert again.approval_text.startswith("Approved by alice (command, ")
+    assert_queued(stack, sha, [AUTO[1]])
+    assert stack.checks(sha)[AUTO[1]]["external_id"] == again.run_id
+    approval = runs.approval_for(stack.redis, REPO, number)
+    assert approval is not None and (approval.approver, approval.via) == ("alice", "command")
