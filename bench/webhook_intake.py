@@ -1,7 +1,8 @@
 """Benchmark: webhook intake, gpuci's production server against a minimal Probot 14 app.
 
-Both servers get the same signed real `pull_request` "opened" delivery (about 21 KB) from wrk,
-each request with a fresh `X-GitHub-Delivery`, at 1 and 16 connections. gpuci runs as in the
+Both servers get signed real `pull_request` "opened" deliveries (about 21 KB) from wrk, each
+request with a fresh `X-GitHub-Delivery` and a body of its own (gpuci takes a body it has seen
+under another id for a replay and stores it once), at 1 and 16 connections. gpuci runs as in the
 Procfile (gunicorn, 2 `bot.server.Worker` workers) against Redis database 6 (flushed at
 start, between runs and at exit); afterwards the deliveries in its webhook inbox are counted
 against its 202 answers.
@@ -56,11 +57,14 @@ DEFAULT_REDIS = "redis://127.0.0.1:6379/6"
 WORKER_CLASS = "bot.server.Worker"  # the Procfile's
 EVENT = "pull_request"
 
-# wrk script: the same body and signature on every request (the signature covers only the
-# body), a fresh random UUID as X-GitHub-Delivery each time; counts answers by status and
-# prints one JSON line at the end. Arguments: body file, signature, event, seed.
+# wrk script: request n (counted per thread from the thread's number, stepping by the number
+# of threads) carries body prefix .. (n % count) .. suffix and that body's signature, read from
+# the signatures file (line k signs body k; wrk cannot compute HMACs), and a fresh random UUID
+# as X-GitHub-Delivery; counts answers by status and prints one JSON line at the end.
+# Arguments: prefix file, suffix file, signatures file, event, seed, threads.
 WRK_LUA = r"""
-local body, sig, event
+local prefix, suffix, event, n, step
+local sigs = {}
 local threads = {}
 local hex = "0123456789abcdef"
 s200, s202, sother = 0, 0, 0
@@ -70,12 +74,19 @@ function setup(thread)
   thread:set("tid", #threads)
 end
 
-function init(args)
-  local f = assert(io.open(args[1], "rb"))
-  body = f:read("*a")
+local function read(path)
+  local f = assert(io.open(path, "rb"))
+  local data = f:read("*a")
   f:close()
-  sig, event = args[2], args[3]
-  math.randomseed(tonumber(args[4]) + tid * 7919)
+  return data
+end
+
+function init(args)
+  prefix, suffix = read(args[1]), read(args[2])
+  for line in io.lines(args[3]) do sigs[#sigs + 1] = line end
+  event = args[4]
+  math.randomseed(tonumber(args[5]) + tid * 7919)
+  n, step = tid - 1, tonumber(args[6])
 end
 
 local function uuid4()
@@ -93,13 +104,15 @@ local function uuid4()
 end
 
 function request()
+  local k = n % #sigs
+  n = n + step
   return wrk.format("POST", nil, {
     ["Content-Type"] = "application/json",
     ["User-Agent"] = "GitHub-Hookshot/bench",
     ["X-GitHub-Event"] = event,
     ["X-GitHub-Delivery"] = uuid4(),
-    ["X-Hub-Signature-256"] = sig,
-  }, body)
+    ["X-Hub-Signature-256"] = sigs[k + 1],
+  }, prefix .. k .. suffix)
 end
 
 function response(status, headers, body)
@@ -198,6 +211,37 @@ def payload_body() -> bytes:
     return json.dumps(opened, separators=(",", ":")).encode()
 
 
+@dataclass(frozen=True)
+class Deliveries:
+    """Signed bodies that differ only in a "bench" field put first: its value is the request's
+    number for wrk's (signatures computed here beforehand), any other text for the bench's
+    own deliveries (readiness, the slow-client prober)."""
+
+    secret: str
+    prefix: bytes
+    suffix: bytes
+
+    @classmethod
+    def of(cls, body: bytes) -> Deliveries:
+        assert body.startswith(b"{")
+        return cls(secrets.token_hex(20), b'{"bench":"', b'",' + body[1:])
+
+    def signed(self, tag: str) -> tuple[bytes, str]:
+        body = self.prefix + tag.encode() + self.suffix
+        return body, signature_of(self.secret, body)
+
+    def wrk_files(self, tmp: Path, count: int) -> list[Path]:
+        """The Lua script and its files: prefix, suffix and the signatures of bodies 0..count-1."""
+        files = [tmp / name for name in ("signed.lua", "prefix", "suffix", "signatures")]
+        files[0].write_text(WRK_LUA)
+        files[1].write_bytes(self.prefix)
+        files[2].write_bytes(self.suffix)
+        with files[3].open("w") as out:
+            for n in range(count):
+                out.write(self.signed(str(n))[1] + "\n")
+        return files
+
+
 def throwaway_private_key() -> str:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     return key.private_bytes(
@@ -207,7 +251,8 @@ def throwaway_private_key() -> str:
     ).decode()
 
 
-def post(url: str, body: bytes, signature: str, timeout_s: float = 5) -> int:
+def post(url: str, delivery: tuple[bytes, str], timeout_s: float = 5) -> int:
+    body, signature = delivery
     req = urllib.request.Request(
         url,
         data=body,
@@ -226,14 +271,14 @@ def post(url: str, body: bytes, signature: str, timeout_s: float = 5) -> int:
         return exc.code
 
 
-def wait_ready(proc: subprocess.Popen, url: str, body: bytes, signature: str, log: Path) -> None:
+def wait_ready(proc: subprocess.Popen, url: str, deliveries: Deliveries, log: Path) -> None:
     """Until one signed delivery is accepted (200 or 202); the server's log if it dies."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             sys.exit(f"server exited ({proc.returncode}) before it was ready:\n{log.read_text()}")
         with contextlib.suppress(OSError):
-            status = post(url, body, signature)
+            status = post(url, deliveries.signed(f"ready-{uuid.uuid4()}"))
             if status in (200, 202):
                 return
             sys.exit(f"{url} answered {status} to a signed delivery:\n{log.read_text()}")
@@ -242,23 +287,24 @@ def wait_ready(proc: subprocess.Popen, url: str, body: bytes, signature: str, lo
 
 
 def wrk(
-    url: str, connections: int, duration_s: int, threads: int, lua: Path, body_file: Path, sig: str
+    url: str, connections: int, duration_s: int, threads: int, files: list[Path]
 ) -> dict[str, float]:
+    threads = min(threads, connections)
     cmd = [
         "wrk",
-        f"-t{min(threads, connections)}",
+        f"-t{threads}",
         f"-c{connections}",
         f"-d{duration_s}s",
         "--timeout",
         "10s",
         "-s",
-        str(lua),
+        str(files[0]),
         url,
         "--",
-        str(body_file),
-        sig,
+        *(str(f) for f in files[1:]),
         EVENT,
         str(secrets.randbelow(2**31)),
+        str(threads),
     ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -292,13 +338,12 @@ def measured(
     url: str,
     connections: int,
     pgid: int,
-    sig: str,
-    files: tuple[Path, Path],
+    files: list[Path],
 ) -> dict[str, float]:
     """One wrk run, with the CPU that the server, wrk and Redis used during it."""
     conn = Redis.from_url(args.redis_url)
     server0, redis0 = group_cpu_s(pgid), redis_cpu_s(conn)
-    raw = wrk(url, connections, args.duration, args.wrk_threads, files[0], files[1], sig)
+    raw = wrk(url, connections, args.duration, args.wrk_threads, files)
     raw["server_cpu"] = group_cpu_s(pgid) - server0
     raw["redis_cpu"] = redis_cpu_s(conn) - redis0
     return raw
@@ -340,16 +385,14 @@ def settle(conn: Redis) -> int:
 
 
 def bench_gpuci(
-    args: argparse.Namespace, procs: Processes, tmp: Path, body: bytes, lua: Path, body_file: Path
+    args: argparse.Namespace, procs: Processes, tmp: Path, deliveries: Deliveries, files: list[Path]
 ) -> list[Result]:
-    secret = secrets.token_hex(20)
-    sig = signature_of(secret, body)
     conn = Redis.from_url(args.redis_url)
     conn.flushdb()
     port = free_port()
     env = {
         **os.environ,
-        "GPUCI_WEBHOOK_SECRET": secret,
+        "GPUCI_WEBHOOK_SECRET": deliveries.secret,
         "REDIS_URL": args.redis_url,
         "PYTHONUNBUFFERED": "1",
     }
@@ -364,11 +407,11 @@ def bench_gpuci(
     log = tmp / "gunicorn.log"
     proc = procs.start(cmd, env, log, ROOT)
     url = f"http://127.0.0.1:{port}/webhook"
-    wait_ready(proc, url, body, sig, log)
+    wait_ready(proc, url, deliveries, log)
     if args.slowloris:
         for n in args.slowloris:
             conn.flushdb()
-            probe = slow_clients(args, url, n, body, sig)
+            probe = slow_clients(args, url, n, deliveries)
             stored = settle(conn)
             late = stored - probe.accepted  # stored, but answered after the prober gave up
             ok = 0 <= late <= probe.timeouts and probe.other == 0
@@ -381,24 +424,27 @@ def bench_gpuci(
         procs.stop(proc)
         conn.flushdb()
         return []
-    wrk(url, 16, args.warmup, args.wrk_threads, lua, body_file, sig)
+    wrk(url, 16, args.warmup, args.wrk_threads, files)
     results = []
     for connections in args.connections:
         settle(conn)
         conn.flushdb()
-        raw = measured(args, url, connections, proc.pid, sig, (lua, body_file))
+        raw = measured(args, url, connections, proc.pid, files)
         jobs = settle(conn)
         found: dict[bytes, bytes] = conn.hgetall(keys.webhook_counts())  # type: ignore[assignment]
         counts = {k.decode(): int(v) for k, v in found.items()}
         queued = counts.get(f"{EVENT}:queued", 0)
         dupes = counts.get(f"{EVENT}:duplicate", 0)
+        replays = counts.get(f"{EVENT}:replayed", 0)
         extra = jobs - raw["s202"]
-        ok = raw["sother"] == 0 and dupes == 0 and jobs == queued and 0 <= extra <= connections
+        ok = dupes == replays == raw["sother"] == 0 and jobs == queued and 0 <= extra <= connections
         hint = "" if ok else " (is another client using or flushing this database?)"
+        if replays:
+            hint = f" (more requests than --bodies {args.bodies}: raise it)"
         check = (
             f"{'OK' if ok else 'MISMATCH'}{hint}: {jobs} deliveries in the inbox, "
             f"{raw['s202']} 202s seen by wrk (+{extra} answered after wrk stopped), "
-            f"{queued} counted queued, {dupes} duplicates"
+            f"{queued} counted queued, {dupes} duplicates, {replays} replays"
         )
         results.append(to_result("gpuci", connections, raw, raw["s202"], check))
     procs.stop(proc)
@@ -407,16 +453,14 @@ def bench_gpuci(
 
 
 def bench_probot(
-    args: argparse.Namespace, procs: Processes, tmp: Path, body: bytes, lua: Path, body_file: Path
+    args: argparse.Namespace, procs: Processes, tmp: Path, deliveries: Deliveries, files: list[Path]
 ) -> list[Result]:
-    secret = secrets.token_hex(20)
-    sig = signature_of(secret, body)
     port = free_port()
     env = {
         **os.environ,
         "APP_ID": "1",
         "PRIVATE_KEY": throwaway_private_key(),
-        "WEBHOOK_SECRET": secret,
+        "WEBHOOK_SECRET": deliveries.secret,
         "PORT": str(port),
         "HOST": "127.0.0.1",
         "LOG_LEVEL": "warn",  # gpuci's INFO lines go nowhere under gunicorn either
@@ -425,18 +469,18 @@ def bench_probot(
     log = tmp / "probot.log"
     proc = procs.start([args.probot_bin, "run", "./index.js"], env, log, PROBOT_DIR)
     url = f"http://127.0.0.1:{port}/api/github/webhooks"
-    wait_ready(proc, url, body, sig, log)
+    wait_ready(proc, url, deliveries, log)
     if args.slowloris:
         for n in args.slowloris:
-            probe = slow_clients(args, url, n, body, sig)
+            probe = slow_clients(args, url, n, deliveries)
             probe.server, probe.check = "Probot", f"{probe.accepted} 200s"
             print(probe.line())
         procs.stop(proc)
         return []
-    wrk(url, 16, args.warmup, args.wrk_threads, lua, body_file, sig)
+    wrk(url, 16, args.warmup, args.wrk_threads, files)
     results = []
     for connections in args.connections:
-        raw = measured(args, url, connections, proc.pid, sig, (lua, body_file))
+        raw = measured(args, url, connections, proc.pid, files)
         check = f"{raw['s200']} 200s, {raw['sother']} other statuses"
         results.append(to_result("Probot", connections, raw, raw["s200"], check))
     procs.stop(proc)
@@ -531,7 +575,7 @@ class Probe:
         )
 
 
-def slow_clients(args: argparse.Namespace, url: str, count: int, body: bytes, sig: str) -> Probe:
+def slow_clients(args: argparse.Namespace, url: str, count: int, deliveries: Deliveries) -> Probe:
     """Signed deliveries one after another for `--slow-duration` s while `count` slow
     connections trickle headers."""
     latencies, accepted, other, timeouts, sent = [], 0, 0, 0, 0
@@ -542,7 +586,7 @@ def slow_clients(args: argparse.Namespace, url: str, count: int, body: bytes, si
             sent += 1
             started = time.monotonic()
             try:
-                status = post(url, body, sig, timeout_s=10)
+                status = post(url, deliveries.signed(f"probe-{sent}"), timeout_s=10)
             except OSError:  # urllib's timeout and connection errors
                 timeouts += 1
                 continue
@@ -638,6 +682,11 @@ def main() -> None:
         help="gpuci with an access log (to a file), as deploy/systemd/gpuci-web.service runs",
     )
     parser.add_argument("--redis-url", default=DEFAULT_REDIS, help="flushed! (database 6)")
+    parser.add_argument(
+        "--bodies",
+        type=int,
+        help="distinct signed bodies per wrk run (default 12,000 a second of the longer run)",
+    )
     parser.add_argument("--probot-bin", default=default_probot_bin(), help="probot executable")
     parser.add_argument("--only", choices=["gpuci", "probot"], help="run one server only")
     parser.add_argument(
@@ -661,9 +710,11 @@ def main() -> None:
             "(or set PROBOT_BIN / --probot-bin); never install into the repository"
         )
     body = payload_body()
+    deliveries = Deliveries.of(body)
+    args.bodies = args.bodies or 12_000 * max(args.duration, args.warmup)
     print(
-        f"payload: {EVENT} opened, {len(body)} bytes; "
-        f"wrk -t{args.wrk_threads}, {args.duration} s per run"
+        f"payload: {EVENT} opened, {len(deliveries.signed('0')[0])} bytes and more (one of "
+        f"{args.bodies} bodies a request); wrk -t{args.wrk_threads}, {args.duration} s per run"
     )
     print(
         f"gpuci: gunicorn --workers {args.workers} --worker-class {args.worker_class} "
@@ -675,15 +726,13 @@ def main() -> None:
     procs = Processes()
     with tempfile.TemporaryDirectory(prefix="gpuci-webhook-bench-") as tmpdir, interruptible():
         tmp = Path(tmpdir)
-        body_file, lua = tmp / "body.json", tmp / "signed.lua"
-        body_file.write_bytes(body)
-        lua.write_text(WRK_LUA)
         results: list[Result] = []
         try:
+            files = [] if args.slowloris else deliveries.wrk_files(tmp, args.bodies)
             if args.only != "probot":
-                results += bench_gpuci(args, procs, tmp, body, lua, body_file)
+                results += bench_gpuci(args, procs, tmp, deliveries, files)
             if args.only != "gpuci":
-                results += bench_probot(args, procs, tmp, body, lua, body_file)
+                results += bench_probot(args, procs, tmp, deliveries, files)
         except KeyboardInterrupt:
             print("interrupted; stopping servers", file=sys.stderr)
         finally:
