@@ -401,13 +401,20 @@ def execute(h: Handling, decision: Decision) -> str:
     return str(decision.trust)
 
 
-def _cancel(h: Handling, reason: str, keep_sha: str | None = None) -> None:
+def _cancel(
+    h: Handling,
+    reason: str,
+    keep_sha: str | None = None,
+    check: Callable[[Run], dict[str, Any]] = lambda run: _cancelled_check(run),
+) -> list[Run]:
     pr = h.pr
-    for run in runs.cancel_runs(h.conn, pr.repo, pr.number, reason, keep_sha=keep_sha):
+    cancelled = runs.cancel_runs(h.conn, pr.repo, pr.number, reason, keep_sha=keep_sha)
+    for run in cancelled:
         h.log(logging.INFO, "cancelled run %s (batch %s at %s)", run.run_id, run.batch, run.sha)
         if run.check_run_id:  # the final update: a report of the stopped run sends no other
-            h.gh.update_check_run(run.check_run_id, _cancelled_check(run))
+            h.gh.update_check_run(run.check_run_id, check(run))
             runs.record_final_updates(h.conn, run.run_id, 1)
+    return cancelled
 
 
 def _cancel_runs(h: Handling, decision: Decision) -> None:
@@ -469,6 +476,23 @@ def _reply(h: Handling, decision: Decision) -> None:
     h.once("reply", lambda: h.gh.comment(h.pr.number, reply))
 
 
+HEAD_GONE_PURPOSE = "head-gone"
+
+
+def _show_head_gone(h: Handling, decision: Decision) -> None:
+    """The PR's runs cancelled and each auto batch's check at the head saying why nothing
+    runs: one check per batch (a cancelled run's own check is reused), no button."""
+    output = {"title": "Not run: the head repository was deleted", "summary": decision.summary}
+    body = {"status": "completed", "conclusion": "cancelled", "output": output, "actions": []}
+    for run in _cancel(h, decision.summary, check=lambda run: body):
+        if run.check_run_id and run.sha == decision.sha:
+            name = batch_check_name(run.batch)
+            runs.record_check(h.conn, h.pr.repo, run.sha, name, HEAD_GONE_PURPOSE, run.check_run_id)
+    for batch in h.auto_batches:
+        ensure_check(h, decision.sha, batch_check_name(batch), HEAD_GONE_PURPOSE, body)
+    h.log(logging.WARNING, "head repository deleted: nothing runs for this PR")
+
+
 EFFECTS: dict[Effect, Callable[[Handling, Decision], None]] = {
     Effect.CANCEL_RUNS: _cancel_runs,
     Effect.CANCEL_STALE_RUNS: _cancel_stale_runs,
@@ -479,6 +503,7 @@ EFFECTS: dict[Effect, Callable[[Handling, Decision], None]] = {
     Effect.REACT_EYES: _react_eyes,
     Effect.POST_STATUS: _post_status,
     Effect.REPLY: _reply,
+    Effect.SHOW_HEAD_GONE: _show_head_gone,
 }
 
 

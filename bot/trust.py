@@ -36,6 +36,7 @@ class Trust(StrEnum):
     APPROVED = "approved"  # a writer approved exactly the head commit: runs
     DENIED = "denied"  # the actor asked for something their role does not allow
     IGNORED = "ignored"  # the event asks nothing of gpuci (bots, edits, other labels, closed)
+    HEAD_GONE = "head_gone"  # the PR's head repository was deleted: nothing runs, ever
 
 
 RUNNABLE = frozenset({Trust.TRUSTED, Trust.APPROVED})
@@ -81,6 +82,12 @@ class PullRequest:
     @property
     def is_open(self) -> bool:
         return self.state == "open"
+
+    @property
+    def head_gone(self) -> bool:
+        """The head repository was deleted (GitHub sends `head.repo: null`, as for a deleted
+        fork): nobody can push to the PR any more."""
+        return self.head_repo is None
 
     @classmethod
     def from_payload(cls, data: Mapping[str, Any]) -> PullRequest:
@@ -211,6 +218,9 @@ class Effect(StrEnum):
     REACT_EYES = "react_eyes"  # react 👀 to the comment
     POST_STATUS = "post_status"  # comment the state of the PR's runs
     REPLY = "reply"  # comment Decision.reply on the PR
+    # The PR's runs cancelled; each auto batch's Check Run at .sha completed (cancelled) with
+    # the reasons and no button: nothing runs for a PR whose head repository was deleted.
+    SHOW_HEAD_GONE = "show_head_gone"
 
 
 @dataclass(frozen=True)
@@ -298,6 +308,8 @@ def decide_pull_request(
         )
     if not pr.is_open:
         return _ignored(pr, f"PR is {pr.state}.")
+    if pr.head_gone:
+        return head_gone(pr)
     trigger = f"pull_request.{event.action}"
     if event.action in ("opened", "reopened", "ready_for_review"):
         trust = classify_pr(pr, author_role, approval)
@@ -471,6 +483,8 @@ def decide_command(
         )
         denied = (Effect.REACT_EYES, Effect.REPLY)
         return Decision(Trust.DENIED, pr.head_sha, (text,), denied, reply=text)
+    if pr.head_gone:
+        return head_gone(pr, reply=True)
     asked = _merge(parsed, valid_batches, layers, failed_batches, pr)
     trust = classify_pr(pr, author_role, approval)
     reasons, replies = [_trust_reason(pr, trust, author_role)], list(asked.replies)
@@ -637,6 +651,8 @@ def decide_button(
     pr, who = event.pr, event.actor.login
     if not pr.is_open or event.actor.is_bot():
         return _ignored(pr, "Check action on a closed PR or by a bot.")
+    if pr.head_gone:
+        return head_gone(pr)
     if event.action == "requested_action" and event.identifier == APPROVE_ACTION_ID:
         if not actor_role.can_write:
             text = f"@{who}: approving GPU runs needs write access (yours: `{actor_role}`)."
@@ -681,6 +697,27 @@ def _rerequested(
     batches = (event.batch,) if event.batch else tuple(auto_batches)
     run = _run(pr, batches, "rerequested", who) if batches else None
     return Decision(trust, pr.head_sha, (f"@{who} re-ran {_names(batches)}.",), run=run)
+
+
+# --- a deleted head repository --------------------------------------------------------------
+
+
+def head_gone(pr: PullRequest, *, reply: bool = False) -> Decision:
+    """Nothing runs for a PR whose head repository was deleted, whoever asks: its runs are
+    cancelled, its approvals voided, and its checks say why (a command gets the reason as a
+    reply). GitHub keeps the commits, but no one can push to the PR again, so approving or
+    running it would vouch for an abandoned branch that can never get a fix."""
+    text = (
+        "Not run: the head repository of this PR was deleted, so no one can push to it any "
+        f"more and gpuci runs nothing for it (commit {_short(pr.head_sha)}). To test these "
+        f"changes, push them to a branch (`git fetch origin pull/{pr.number}/head`) and open "
+        "a new PR."
+    )
+    effects: tuple[Effect, ...] = (Effect.VOID_APPROVALS, Effect.SHOW_HEAD_GONE)
+    if not reply:
+        return Decision(Trust.HEAD_GONE, pr.head_sha, (text,), effects)
+    effects = (Effect.REACT_EYES, *effects, Effect.REPLY)
+    return Decision(Trust.HEAD_GONE, pr.head_sha, (text,), effects, reply=text)
 
 
 # --- helpers ---------------------------------------------------------------------------------

@@ -604,3 +604,71 @@ def test_module_is_pure() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+GONE_EFFECTS = (VOID, Effect.SHOW_HEAD_GONE)
+
+
+@pytest.mark.parametrize(
+    ("event", "actor", "text", "effects"),
+    [
+        ("labeled", ADMIN, LABEL, GONE_EFFECTS),
+        ("unlabeled", WRITE, LABEL, GONE_EFFECTS),
+        ("ready_for_review", NONE, "", GONE_EFFECTS),
+        ("comment", MAINTAIN, "/gpuci approve", (EYES, *GONE_EFFECTS, REPLY)),
+        ("comment", ADMIN, "/gpuci run all", (EYES, *GONE_EFFECTS, REPLY)),
+        ("button", WRITE, "", GONE_EFFECTS),
+        ("rerun", ADMIN, "", GONE_EFFECTS),
+    ],
+)
+def test_a_pr_whose_head_repository_was_deleted_runs_nothing_whoever_asks(
+    event: str, actor: Role, text: str, effects: tuple[Effect, ...]
+) -> None:
+    """GitHub sends `head.repo: null` once the fork is gone: even a maintainer's approval, of
+    the head or stored before, runs nothing, and the decision says why."""
+    for approved in (None, HEAD):
+        pr = PullRequest(REPO, 7, HEAD, None, REPO, "author", labels=(LABEL,))
+        assert pr.head_gone and not pr.same_repo
+        decided = _decide_for(pr, event, actor, approval_of(approved), text)
+        assert (decided.trust, decided.effects, decided.run) == (Trust.HEAD_GONE, effects, None)
+        assert decided.approval is None
+        assert "head repository of this PR was deleted" in decided.summary
+        assert (decided.reply is not None) == (event == "comment")
+
+
+def test_a_deleted_head_repository_still_refuses_outsiders_commands_first() -> None:
+    pr = PullRequest(REPO, 7, HEAD, None, REPO, "author")
+    decided = _decide_for(pr, "comment", READ, None, "/gpuci run all")
+    assert decided.trust is DENIED and "write access" in (decided.reply or "")
+
+
+def test_closing_a_pr_whose_head_repository_was_deleted_cancels_its_runs() -> None:
+    pr = PullRequest(REPO, 7, HEAD, None, REPO, "author")
+    decided = _decide_for(pr, "closed", NONE, None, "")
+    assert (decided.trust, decided.effects) == (IGNORED, (CANCEL,))
+
+
+def _decide_for(
+    pr: PullRequest, event: str, actor: Role, approval: Approval | None, text: str
+) -> Decision:
+    who = Actor("actor")
+    if event == "comment":
+        comment = CommentEvent("created", pr, who, text, APP)
+        return decide_command(
+            comment,
+            author_role=ADMIN,
+            commenter_role=actor,
+            approval=approval,
+            valid_batches=BATCHES,
+            layers=LAYERS,
+            auto_batches=AUTO,
+        )
+    if event in ("button", "rerun"):
+        action = "requested_action" if event == "button" else "rerequested"
+        check = CheckRunAction(action, pr, HEAD, who, APPROVE_ACTION_ID, batch="5")
+        return decide_button(
+            check, author_role=ADMIN, actor_role=actor, approval=approval, auto_batches=AUTO
+        )
+    label = text if event in ("labeled", "unlabeled") else None
+    pr_event = PullRequestEvent(event, pr, who, label)
+    return decide_pull_request(pr_event, ADMIN, approval, LABEL, AUTO, sender_role=actor)
