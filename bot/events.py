@@ -13,7 +13,7 @@ from typing import Any
 from redis import Redis
 from redis.exceptions import RedisError
 
-from bot import runs
+from bot import outsiders, runs
 from bot.commands import command_runs_allowed, natural_sorted, parse_comment
 from bot.github_app import GitHubApp, RepoClient
 from bot.runs import Run, RunState, RunTrigger
@@ -34,6 +34,7 @@ from bot.trust import (
     decide_button,
     decide_command,
     decide_pull_request,
+    refuse_command,
 )
 from contract import keys
 from contract.config import DEFAULT_APPROVAL_LABEL, Config, ConfigError, ConfigIssue, load_config
@@ -224,13 +225,19 @@ class Handling:
 
     def once(self, step: str, action: Callable[[], object]) -> None:
         """Do a non-repeatable effect (a comment) at most once per delivery."""
-        key = keys.delivery_steps(self.delivery.delivery_id)
-        if self.conn.sismember(key, step):
+        if not _once(self.conn, self.delivery.delivery_id, step, action):
             self.log(logging.INFO, "%s already done for this delivery", step)
-            return
-        action()
-        self.conn.sadd(key, step)
-        self.conn.expire(key, STEP_TTL_S)
+
+
+def _once(conn: Redis, delivery_id: str, step: str, action: Callable[[], object]) -> bool:
+    """Do `action` unless this delivery did `step` already; whether it ran."""
+    key = keys.delivery_steps(delivery_id)
+    if conn.sismember(key, step):
+        return False
+    action()
+    conn.sadd(key, step)
+    conn.expire(key, STEP_TTL_S)
+    return True
 
 
 def _handling(ctx: Context, d: Delivery, pr: PullRequest, cause: str) -> Handling:
@@ -634,13 +641,36 @@ def on_issue_comment(ctx: Context, d: Delivery) -> str:
         return f"ignored: comment by bot {commenter.login}"
     if not parse_comment(comment["body"], (), {}):
         return "ignored: no /gpuci command"
-    pr = _fetch_pr(ctx, d, int(payload["issue"]["number"]))
-    h = _handling(ctx, d, pr, f"`/gpuci` comment by @{commenter.login}")
+    if payload["issue"].get("state") != "open":
+        return "ignored: comment on a closed PR"
+    repo, number = str(payload["repository"]["full_name"]), int(payload["issue"]["number"])
+    gh = ctx.github.repo(d.installation_id, repo)
+    role = outsiders.role_of(ctx.redis, gh, repo, commenter.login)
+    if not role.can_write:  # decided before fetching anything else
+        return _refuse_command(ctx, d, gh, (repo, number), commenter.login, role)
+    pr = PullRequest.from_payload(gh.pull(number))
+    cause = f"`/gpuci` comment by @{commenter.login}"
+    h = Handling(ctx, d, gh, pr, cause, _roles={commenter.login: role})
     h.comment_id = int(comment["id"])
     if not pr.is_open or not load_repo_config(h, check_head=False):
         return "ignored: closed PR or no usable config"
     event = CommentEvent.from_payload(payload, pr, app_login=ctx.github.bot_login)
     return execute(h, _decide_comment(h, event))
+
+
+def _refuse_command(
+    ctx: Context, d: Delivery, gh: RepoClient, pr: tuple[str, int], who: str, role: Role
+) -> str:
+    """A command from a user without write access: one reply per user and PR an hour (a
+    retry of the delivery that replied replies, once), later ones logged only."""
+    repo, number = pr
+    reply = outsiders.may_reply(ctx.redis, repo, number, who, d.delivery_id)
+    decision = refuse_command(repo, who, role, reply=reply)
+    log.info("delivery=%s repo=%s pr=%s: %s", d.delivery_id, repo, number, decision.summary)
+    if decision.reply is not None:
+        text = decision.reply
+        _once(ctx.redis, d.delivery_id, "reply", lambda: gh.comment(number, text))
+    return str(decision.trust)
 
 
 def _decide_comment(h: Handling, event: CommentEvent) -> Decision:

@@ -478,9 +478,7 @@ def decide_command(
     if not parsed:
         return _ignored(pr, "No /gpuci command in the comment.")
     if not commenter_role.can_write:
-        text = (
-            f"@{who}: `/gpuci` commands need write access to {pr.repo} (yours: `{commenter_role}`)."
-        )
+        text = command_refusal(pr.repo, who, commenter_role)
         denied = (Effect.REACT_EYES, Effect.REPLY)
         return Decision(Trust.DENIED, pr.head_sha, (text,), denied, reply=text)
     if pr.head_gone:
@@ -530,6 +528,21 @@ def _command_batches(
     if not runs_allowed:
         return tuple(approved), tuple(b for b in named if b not in approved)
     return tuple(natural_sorted({*named, *approved})), ()
+
+
+def command_refusal(repo: str, who: str, role: Role) -> str:
+    """The reply to a `/gpuci` command from a user without write access."""
+    return f"@{who}: `/gpuci` commands need write access to {repo} (yours: `{role}`)."
+
+
+def refuse_command(repo: str, who: str, role: Role, *, reply: bool) -> Decision:
+    """A command from a user without write access, decided from the webhook alone (the role
+    is the permission API's): DENIED, answered once (`reply`: the first such command of this
+    user on this PR in a while), later ones only logged. No head is known, so `sha` is ""."""
+    text = command_refusal(repo, who, role)
+    if not reply:
+        return Decision(Trust.DENIED, "", (text, "Already answered lately: not replied again."))
+    return Decision(Trust.DENIED, "", (text,), (Effect.REPLY,), reply=text)
 
 
 def _unread_comment(event: CommentEvent) -> Decision | None:

@@ -150,6 +150,18 @@ def inbox_unreadable() -> str:
     return f"{PREFIX}:inbox:unreadable"
 
 
+def role_below_write(repo: str, login: str) -> str:
+    """String: a user's role on a repository, known to be below write (bot/outsiders.py; 60 s).
+    Write and above are never remembered."""
+    return f"{PREFIX}:role-below-write:{repo}:{login.lower()}"
+
+
+def refusal_reply(repo: str, number: int, login: str) -> str:
+    """String: the delivery whose reply told this user their `/gpuci` commands need write
+    access on this PR (bot/outsiders.py; 1 hour): later ones get no reply."""
+    return f"{PREFIX}:refusal-reply:{_pr(repo, number)}:{login.lower()}"
+
+
 def delivery_steps(delivery_id: str) -> str:
     """Set: the effects (comments, reactions) already done for a delivery (7 days)."""
     return f"{PREFIX}:delivery-steps:{delivery_id}"

@@ -27,6 +27,9 @@ def api_calls(stack: Stack) -> list[str]:
     return [f"{r['method']} {r['operation']}" for r in logged]
 
 
+APP_LOOKUP = "GET apps/get-authenticated"
+
+
 def clear_calls(stack: Stack) -> None:
     stack.control("DELETE", "requests")
 
@@ -103,3 +106,53 @@ def test_runs_approved_before_the_fork_was_deleted_are_cancelled(stack: Stack) -
     assert set(states(stack, number).values()) == {"cancelled"}
     assert runs.approval_for(stack.redis, REPO, number) is None
     assert_head_gone_checks(stack, sha)
+
+
+# --- outsiders' commands ---------------------------------------------------------------------
+
+
+def test_outsiders_commands_cost_few_calls_and_one_reply(stack: Stack) -> None:
+    """Five `/gpuci` comments from the fork's author: one role lookup and one reply, then
+    nothing (the role below write is remembered a minute, the reply an hour per PR)."""
+    pr = fork_pr(stack)
+    clear_calls(stack)
+    for n in range(5):
+        comment(stack, pr["number"], "ossie", f"/gpuci run all please ({n})")
+    calls = api_calls(stack)
+    assert calls.count(APP_LOOKUP) <= 1  # the App's own login, once per process
+    assert [c for c in calls if c != APP_LOOKUP] == [
+        "GET repos/get-collaborator-permission-level",
+        "POST issues/create-comment",
+    ]
+    [reply] = bot_replies(stack, pr["number"])
+    assert "@ossie" in reply and "need write access" in reply and "`none`" in reply
+    assert runs.pending_runs(stack.redis) == []
+    assert all(not c["reactions"] for c in stack.comments(pr["number"]))
+
+    clear_calls(stack)  # another user without write access is answered once too
+    for _ in range(2):
+        comment(stack, pr["number"], "rita", "/gpuci approve")
+    assert len([c for c in api_calls(stack) if c != APP_LOOKUP]) == 2
+    assert len(bot_replies(stack, pr["number"])) == 2
+    assert runs.approval_for(stack.redis, REPO, pr["number"]) is None
+
+
+def test_a_refusal_handled_again_replies_once_and_writers_roles_are_asked_each_time(
+    stack: Stack,
+) -> None:
+    from rq import Queue
+
+    pr = fork_pr(stack)
+    comment(stack, pr["number"], "ossie", "/gpuci run all")
+    [sent] = [d for d in stack.state()["deliveries"] if d["event"] == "issue_comment"][:1]
+    Queue("gpuci-events", connection=stack.redis).enqueue(
+        "bot.events.handle_delivery", "issue_comment", sent["guid"], sent["payload"]
+    )
+    stack.process()
+    assert len(bot_replies(stack, pr["number"])) == 1
+
+    clear_calls(stack)
+    comment(stack, pr["number"], "wendy", "/gpuci status")
+    comment(stack, pr["number"], "wendy", "/gpuci status")
+    role_calls = [c for c in api_calls(stack) if "collaborator-permission" in c]
+    assert len(role_calls) >= 2  # a writer's role is never taken from a cache
