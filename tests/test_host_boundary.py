@@ -311,6 +311,11 @@ OPEN_AT_A = {"state": "open", "head": {"sha": SHA_A}}
         (OPEN_AT_A, {"permission": "read", "role_name": "triage"}, "maya, who approved"),
         (OPEN_AT_A, {"permission": "none"}, "no longer has write access"),
         ({"state": "open", "head": "aaaa"}, {"permission": "write"}, "head is now None"),
+        (
+            {"state": "open", "head": {"sha": SHA_A, "repo": None}},
+            {"permission": "write"},
+            "head repository was deleted",
+        ),
         (["not", "an", "object"], {"permission": "write"}, "not an object"),
     ],
 )

@@ -423,14 +423,18 @@ def _recheck_with_github(ticket: Ticket) -> None:
 
 
 def github_refusal(ticket: Ticket, pull: Any, permission: Any) -> str | None:
-    """Why GitHub's answers forbid starting the approved ticket (the PR closed, its head moved,
-    the approver lost write access, an answer of the wrong shape); None when they allow it."""
+    """Why GitHub's answers forbid starting the approved ticket (the PR closed, its fork
+    deleted, its head moved, the approver lost write access, an answer of the wrong shape);
+    None when they allow it."""
     if not isinstance(pull, dict) or not isinstance(permission, dict):
         return "refused: GitHub's answer about the PR is not an object"
-    head = pull.get("head")
-    head = head.get("sha") if isinstance(head, dict) else None
+    found = pull.get("head")
+    side: dict[str, Any] = found if isinstance(found, dict) else {}
+    head = side.get("sha")
     if pull.get("state") != "open":
         return f"refused: the PR is {pull.get('state')!s}, not open"
+    if "repo" in side and side["repo"] is None:
+        return "refused: the PR's head repository was deleted (a deleted fork)"
     if head != ticket.sha:
         return f"refused: the PR's head is now {str(head)[:10]}, not the approved {ticket.sha[:10]}"
     if not role_from_api(permission.get("role_name"), permission.get("permission")).can_write:
