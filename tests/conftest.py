@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,15 +20,32 @@ pytest_plugins = ["tests.missing_tools", "tests.sandboxing"]
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_REPO = ROOT / "examples" / "sample-repo"
 
-# Tests use databases 10-15 (one per xdist worker), never 0, and flush only their own.
-_BASE_DB = int(os.environ.get("GPUCI_TEST_REDIS_DB", "10"))
+# Each test process claims a database of its own, never 0, and flushes only that: it holds
+# an flock on a lock file per database for its lifetime, so two test sessions on one machine
+# (or one session's xdist workers) never share one. Databases 10-15 are tried first.
+_FIRST_DB = int(os.environ.get("GPUCI_TEST_REDIS_DB", "10"))
+_CLAIM: list[Any] = []  # the lock file held, and the database it claims
+
+
+def _claim_db() -> int:
+    if _CLAIM:
+        return int(_CLAIM[1])
+    order = [_FIRST_DB + i for i in range(16 - _FIRST_DB)] + list(range(1, _FIRST_DB))
+    for db in order:
+        lock = open(Path(tempfile.gettempdir(), f"gpuci-test-redis-db-{db}.lock"), "w")  # noqa: SIM115
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        _CLAIM[:] = [lock, db]
+        return db
+    raise RuntimeError("every Redis database 1-15 is claimed by other test processes; wait")
 
 
 def _redis_url() -> str:
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    db = _BASE_DB + (int(worker) if worker.isdigit() else 0) % 6
     host = os.environ.get("GPUCI_TEST_REDIS_HOST", "127.0.0.1:6379")
-    return f"redis://{host}/{db}"
+    return f"redis://{host}/{_claim_db()}"
 
 
 @pytest.fixture
