@@ -24,13 +24,15 @@ SAMPLE_REPO = ROOT / "examples" / "sample-repo"
 # an flock on a lock file per database for its lifetime, so two test sessions on one machine
 # (or one session's xdist workers) never share one. Databases 10-15 are tried first.
 _FIRST_DB = int(os.environ.get("GPUCI_TEST_REDIS_DB", "10"))
+NOT_FOR_TESTS = {6, 9}  # the intake bench's default and the demo's
 _CLAIM: list[Any] = []  # the lock file held, and the database it claims
 
 
 def _claim_db() -> int:
     if _CLAIM:
         return int(_CLAIM[1])
-    order = [_FIRST_DB + i for i in range(16 - _FIRST_DB)] + list(range(1, _FIRST_DB))
+    spare = [db for db in range(1, _FIRST_DB) if db not in NOT_FOR_TESTS]
+    order = [_FIRST_DB + i for i in range(16 - _FIRST_DB)] + spare
     for db in order:
         lock = open(Path(tempfile.gettempdir(), f"gpuci-test-redis-db-{db}.lock"), "w")  # noqa: SIM115
         try:
