@@ -107,13 +107,22 @@ def _hello(conn: Redis, host: str, message: HostMessage) -> str:
     return f"hello: {len(lost)} runs recovered"
 
 
-def _started(conn: Redis, host: str, message: HostMessage) -> str:
+def _unless_cancelled(
+    conn: Redis, host: str, message: HostMessage, states: set[RunState]
+) -> Run | None:
+    """The message's run (as `_run_of`), or None when the bot cancelled it meanwhile."""
     try:
-        run = _run_of(conn, host, message, {RunState.ASSIGNED})
+        return _run_of(conn, host, message, states)
     except ProtocolError:
         if _cancelled(conn, message):
-            return "ignored: cancelled"
+            return None
         raise
+
+
+def _started(conn: Redis, host: str, message: HostMessage) -> str:
+    run = _unless_cancelled(conn, host, message, {RunState.ASSIGNED})
+    if run is None:
+        return "ignored: cancelled"
     moved = runs.transition(
         conn, run.run_id, {RunState.ASSIGNED}, state=RunState.RUNNING,
         started_at=time.time(), wait_reason="",
@@ -124,12 +133,9 @@ def _started(conn: Redis, host: str, message: HostMessage) -> str:
 
 
 def _not_started(conn: Redis, host: str, message: HostMessage) -> str:
-    try:
-        run = _run_of(conn, host, message, LIVE)
-    except ProtocolError:
-        if _cancelled(conn, message):
-            return "ignored: cancelled"
-        raise
+    run = _unless_cancelled(conn, host, message, LIVE)
+    if run is None:
+        return "ignored: cancelled"
     leases.release(conn, host, run.gpus, run.lease_owner)
     reason = message.reason or "not started"
     if run.state is RunState.RUNNING:  # it was running when its worker went away

@@ -31,9 +31,8 @@ _CLAIM: list[Any] = []  # the lock file held, and the database it claims
 def _claim_db() -> int:
     if _CLAIM:
         return int(_CLAIM[1])
-    spare = [db for db in range(1, _FIRST_DB) if db not in NOT_FOR_TESTS]
-    order = [_FIRST_DB + i for i in range(16 - _FIRST_DB)] + spare
-    for db in order:
+    order = [*range(_FIRST_DB, 16), *range(1, _FIRST_DB)]
+    for db in (d for d in order if d not in NOT_FOR_TESTS):
         lock = open(Path(tempfile.gettempdir(), f"gpuci-test-redis-db-{db}.lock"), "w")  # noqa: SIM115
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

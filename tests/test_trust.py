@@ -72,28 +72,7 @@ def decide(
     """Run one table row through the decide_* function its event belongs to."""
     labels = (LABEL,) if approved else ()
     pr = make_pr(fork=fork, draft=draft, labels=labels)
-    approval = approval_of(approved)
-    who = Actor("actor")
-    if event == "comment":
-        comment = CommentEvent("created", pr, who, text, APP)
-        return decide_command(
-            comment,
-            author_role=author,
-            commenter_role=actor,
-            approval=approval,
-            valid_batches=BATCHES,
-            layers=LAYERS,
-            auto_batches=AUTO,
-        )
-    if event in ("button", "rerun"):
-        action = "requested_action" if event == "button" else "rerequested"
-        check = CheckRunAction(action, pr, text or HEAD, who, APPROVE_ACTION_ID, batch="5")
-        return decide_button(
-            check, author_role=author, actor_role=actor, approval=approval, auto_batches=AUTO
-        )
-    label = text if event in ("labeled", "unlabeled") else None
-    pr_event = PullRequestEvent(event, pr, who, label)
-    return decide_pull_request(pr_event, author, approval, LABEL, AUTO, sender_role=actor)
+    return _decide_for(pr, event, actor, approval_of(approved), text, author=author)
 
 
 # event, PR author's role, fork?, draft?, actor's role (sender/commenter/clicker), stored
@@ -649,14 +628,22 @@ def test_closing_a_pr_whose_head_repository_was_deleted_cancels_its_runs() -> No
 
 
 def _decide_for(
-    pr: PullRequest, event: str, actor: Role, approval: Approval | None, text: str
+    pr: PullRequest,
+    event: str,
+    actor: Role,
+    approval: Approval | None,
+    text: str,
+    *,
+    author: Role = ADMIN,
 ) -> Decision:
+    """Run one event on `pr` through the decide_* function it belongs to; `text` is the label,
+    the comment's body or the clicked check's SHA."""
     who = Actor("actor")
     if event == "comment":
         comment = CommentEvent("created", pr, who, text, APP)
         return decide_command(
             comment,
-            author_role=ADMIN,
+            author_role=author,
             commenter_role=actor,
             approval=approval,
             valid_batches=BATCHES,
@@ -665,10 +652,10 @@ def _decide_for(
         )
     if event in ("button", "rerun"):
         action = "requested_action" if event == "button" else "rerequested"
-        check = CheckRunAction(action, pr, HEAD, who, APPROVE_ACTION_ID, batch="5")
+        check = CheckRunAction(action, pr, text or HEAD, who, APPROVE_ACTION_ID, batch="5")
         return decide_button(
-            check, author_role=ADMIN, actor_role=actor, approval=approval, auto_batches=AUTO
+            check, author_role=author, actor_role=actor, approval=approval, auto_batches=AUTO
         )
     label = text if event in ("labeled", "unlabeled") else None
     pr_event = PullRequestEvent(event, pr, who, label)
-    return decide_pull_request(pr_event, ADMIN, approval, LABEL, AUTO, sender_role=actor)
+    return decide_pull_request(pr_event, author, approval, LABEL, AUTO, sender_role=actor)
