@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bot.cli import main
 from tests.missing_tools import skip_missing
+
+
+@pytest.fixture(autouse=True)
+def one_demo_at_a_time() -> Iterator[None]:
+    """A demo uses Redis database 9 and a fixed host name: two at once (xdist workers, or two
+    test sessions on one machine) would flush each other's data and see each other's
+    processes. An flock makes them take turns."""
+    with open(Path(tempfile.gettempdir(), "gpuci-test-demo.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def demo_processes() -> set[int]:
