@@ -264,12 +264,14 @@ class HostLinkPump(threading.Thread):
         super().__init__(name="gpuci-hostlink", daemon=True)
         self.conn = conn
         self.stopped = threading.Event()
+        self.applying = threading.Lock()  # held while a round of messages is applied
 
     def run(self) -> None:
         warned = False
         while not self.stopped.is_set():
             try:
-                busy = drain(self.conn)
+                with self.applying:
+                    busy = drain(self.conn)
                 warned = False
             except UNREACHABLE as exc:
                 if not warned:
@@ -282,6 +284,11 @@ class HostLinkPump(threading.Thread):
                 busy = 0
             if not busy:
                 self.stopped.wait(PUMP_IDLE_S)
+
+    def settle(self) -> None:
+        """Return once no message this pump took is still being applied."""
+        with self.applying:
+            pass
 
     def stop(self) -> None:
         self.stopped.set()

@@ -77,8 +77,17 @@ class Stack:
     """fakehub serving tests/data/world-events.yml, delivering its webhooks to gpuci's real web
     app on a real port; `process()` runs the events queue with a real RQ worker."""
 
-    def __init__(self, hub: Any, web_url: str, redis: Redis) -> None:
+    def __init__(self, hub: Any, web_url: str, redis: Redis, pump: Any = None) -> None:
         self.hub, self.web_url, self.redis = hub, web_url, redis
+        self.pump = pump  # the HostLinkPump applying host messages in the background
+
+    def _apply_host_messages(self) -> None:
+        """Every host message sent so far applied: by this thread, or by the pump."""
+        from bot import hostlink
+
+        hostlink.drain(self.redis)
+        if self.pump is not None:
+            self.pump.settle()
 
     def control(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         answer = requests.request(method, f"{self.hub.url}/_fakehub/{path}", json=body, timeout=30)
@@ -108,12 +117,11 @@ class Stack:
         from rq.job import Job
         from rq.registry import FailedJobRegistry
 
-        from bot import hostlink
         from bot.inbox import EVENTS_QUEUE, Pump
 
         queue = Queue(queue_name, connection=self.redis)
         pump = Pump(self.redis) if queue_name == EVENTS_QUEUE else None
-        hostlink.drain(self.redis)  # hosts' messages, as the events process's pump applies them
+        self._apply_host_messages()  # hosts' messages, as the events process's pump applies them
         while (pump.drain() if pump else 0) or queue.count:
             SimpleWorker([queue], connection=self.redis).work(burst=True)
         failed = FailedJobRegistry(queue=queue).get_job_ids()
@@ -125,12 +133,11 @@ class Stack:
     def work_host(self) -> int:
         """Run this host's tickets here, one after another (as `gpuci worker --burst` would,
         without a process per run), then apply its messages; how many tickets ran."""
-        from bot import hostlink
         from contract.settings import Settings
         from workers.host import work_burst
 
         done = work_burst(self.redis, Settings.from_env())
-        hostlink.drain(self.redis)
+        self._apply_host_messages()
         return done
 
     def deliver(self, event: str, payload: dict[str, Any], delivery_id: str) -> None:
@@ -200,7 +207,7 @@ def serve_stack(
             pump = HostLinkPump(Redis.from_url(redis_url))
             pump.start()
             try:
-                yield Stack(hub, web_url, redis_conn)
+                yield Stack(hub, web_url, redis_conn, pump)
             finally:
                 pump.stop()
 

@@ -229,7 +229,9 @@ def test_the_host_rechecks_approved_fork_code_with_github_before_it_runs(
 
     every = runs.runs_of_pr(loop.redis, "acme/sample", pr["number"])
     old = [r for r in every if r.sha == pr["head_sha"]]
-    assert old and all(r.state is RunState.COMPLETED and r.conclusion == "failure" for r in old)
+    assert old and all(r.state is RunState.COMPLETED and r.conclusion == "failure" for r in old), [
+        (r.state, r.title, r.wait_reason) for r in old
+    ]
     assert all(r.title.startswith(why) for r in old), [r.title for r in old]
     assert all(load_result(loop.redis, r.run_id) is None for r in old)  # no pytest ran
     assert not list(Path(os.environ["GPUCI_WORK_DIR"]).glob("*/box"))
