@@ -116,10 +116,13 @@ def test_the_host_loop_keeps_taking_tickets_through_a_restart(
         while conn.llen(keys.host_tickets(HOST)) or conn.llen(keys.host_taken(HOST)):
             assert time.monotonic() < deadline, "the ticket was not taken after the restart"
             time.sleep(0.1)
+        spare = host.spare  # the next run's process, started ahead, waits for its ticket
+        assert spare is not None and spare.poll() is None
     finally:
         host.stop()
         serving.join(timeout=30)
     assert not serving.is_alive()
+    assert spare.returncode == 0  # told there is no ticket, it left
     assert "taking tickets: Redis unreachable" in caplog.text
 
 
