@@ -1,6 +1,6 @@
 """Benchmark: a real project's whole Layer 3 through the real machinery on a simulated 8-GPU host.
 
-Real Redis, RQ, a `gpuci worker` process (simulated GPUs, `sim:8xH20-96GB`), the scheduler's
+Real Redis, a `gpuci worker` process (simulated GPUs, `sim:8xH20-96GB`), the scheduler's
 `tick` in this process with source tokens minted by `GitHubApp` against fakehub, real pytest on
 fakehub's tarball. Each batch's only test sleeps for the batch's duration, compressed: one
 nominal minute lasts SCALE seconds.
@@ -10,7 +10,7 @@ nominal minute lasts SCALE seconds.
 2. One at a time, as a host-wide lock would run them: the same batches through the same worker
    and scheduler, one run created only when the previous one is completed (at a second commit
    with the same files, so this phase fetches its archive once, like the first). The lock's
-   makespan is the sum of the batches' wall times; the gaps between runs (scheduler tick, RQ
+   makespan is the sum of the batches' wall times; the gaps between runs (scheduler tick, ticket
    pickup) are printed but not counted, since a lock loop has none.
 
 The real scheduler learns each batch's expected duration from the history of its runs
