@@ -89,12 +89,12 @@ def test_no_file_names_a_path_outside_the_repository() -> None:
 @pytest.mark.parametrize(
     ("relative", "line", "why"),
     [
-        ("tests/t.py", 'X = Path(__file__).resolve().parents[2] / "shared"', "3 levels up"),
+        ("tests/t.py", 'X = Path(__file__).resolve().parents[2] / "sibling"', "3 levels up"),
         ("tests/t.py", "EXAMPLES = Path(__file__).parent.parent.parent", "3 levels up"),
-        ("bench/b.py", 'EXAMPLES = ROOT.parent / "shared" / "github"', "root's parent"),
-        ("docs/d.md", "see `../shared/github/rest-api-subset.json`", "../shared"),
+        ("bench/b.py", 'EXAMPLES = ROOT.parent / "sibling" / "data"', "root's parent"),
+        ("docs/d.md", "see `../sibling/notes.json`", "../sibling"),
         ("docs/d.md", "see ../../elsewhere/notes.md", "../../elsewhere"),
-        ("bench/b.py", f'DATA = "{ROOT.parent}/shared/x.json"', "this machine's path"),
+        ("bench/b.py", f'DATA = "{ROOT.parent}/sibling/x.json"', "this machine's path"),
     ],
 )
 def test_the_check_catches_each_way_out(relative: str, line: str, why: str) -> None:
