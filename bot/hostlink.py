@@ -54,14 +54,27 @@ def known_hosts(conn: Redis) -> list[str]:
 
 
 def drain(conn: Redis, hosts: list[str] | None = None, limit: int = 1000) -> int:
-    """Apply the hosts' waiting messages, oldest first; how many were read."""
+    """Apply the hosts' waiting messages, oldest first; how many were read. Each is moved to a
+    list of the bot's while it is applied, so a Redis outage or a dying process mid-way leaves
+    it there to be applied again rather than lost; a message that breaks the code applying it
+    is set aside as rejected."""
     done = 0
     for host in known_hosts(conn) if hosts is None else hosts:
+        applying = keys.host_messages_applying(host)
         while done < limit:
-            raw = conn.rpop(keys.host_outbox(host))
+            raw = conn.lindex(applying, -1) or conn.lmove(
+                keys.host_outbox(host), applying, "RIGHT", "LEFT"
+            )
             if not isinstance(raw, bytes | str):
                 break
-            handle(conn, host, raw)
+            try:
+                handle(conn, host, raw)
+            except UNREACHABLE:
+                raise
+            except Exception as exc:
+                log.exception("host=%s a message broke its handling; set aside", host)
+                _set_aside(conn, host, raw, f"rejected: handling failed ({exc!r})"[:500])
+            conn.lrem(applying, 1, raw)  # type: ignore[arg-type]
             done += 1
     return done
 

@@ -53,6 +53,12 @@ def host_messages_seen() -> str:
     return f"{PREFIX}:host-messages"
 
 
+def host_messages_applying(host: str) -> str:
+    """List: the host's message the bot is applying right now (normally empty; one left there
+    by a bot process that died or lost Redis mid-way is applied again). Not the host's key."""
+    return f"{PREFIX}:host-messages:applying:{host}"
+
+
 def host_messages_rejected() -> str:
     """List: the last messages from hosts the bot refused, and why (JSON), for a human."""
     return f"{PREFIX}:host-messages:rejected"

@@ -189,6 +189,29 @@ def test_forged_results_are_rejected_and_change_nothing(acl_server: PrivateRedis
     assert Queue(REPORTS_QUEUE, connection=bot).count == 0  # nothing reaches GitHub
 
 
+def test_a_message_the_bot_was_applying_when_it_stopped_is_applied_again(
+    acl_server: PrivateRedis,
+) -> None:
+    """A bot process that lost Redis or died mid-way leaves the message it was applying on its
+    own list; the next drain applies it first, then the host's next one."""
+    bot, host = Redis.from_url(acl_server.url), login(acl_server, H1)
+    run = assigned_run(bot, H1)
+    started = HostMessage(Kind.STARTED, run.run_id, run.lease_owner).to_json()
+    bot.lpush(keys.host_messages_applying(H1), started)  # taken from the outbox, not applied
+    host.lpush(
+        keys.host_outbox(H1), HostMessage(Kind.LEASE_LOST, run.run_id, run.lease_owner).to_json()
+    )
+
+    assert hostlink.drain(bot, [H1]) == 2
+
+    now = runs.get_run(bot, run.run_id)
+    assert now is not None and now.state is RunState.RUNNING
+    assert bot.llen(keys.host_messages_applying(H1)) == 0 and bot.llen(keys.host_outbox(H1)) == 0
+    assert bot.hget(keys.leases_lost(), "heartbeat") == b"1"  # the second one, applied after
+    with pytest.raises(NoPermissionError):  # the list is the bot's: a host cannot plant there
+        host.lpush(keys.host_messages_applying(H1), started)
+
+
 def test_the_bot_judges_a_report_with_its_own_config(acl_server: PrivateRedis) -> None:
     """A host's report says what ran; whether that is a success is the bot's to decide."""
     bot, host = Redis.from_url(acl_server.url), login(acl_server, H1)
