@@ -212,6 +212,29 @@ def test_a_message_the_bot_was_applying_when_it_stopped_is_applied_again(
         host.lpush(keys.host_messages_applying(H1), started)
 
 
+def test_a_ticket_whose_batch_its_config_lacks_is_refused_not_left_running(
+    acl_server: PrivateRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUCI_WORK_DIR", str(tmp_path / "runs"))
+    bot = Redis.from_url(acl_server.url)
+    run = assigned_run(bot, H1, batch="nope")
+    ticket = Ticket(
+        run_id=run.run_id, repo=run.repo, sha=SHA, batch="nope", config_text=CONFIG,
+        gpu_indices=(), lease_owner=run.lease_owner, api_url="http://127.0.0.1:1",
+        source_token="t", trust="trusted",
+    )  # fmt: skip
+    hostlink.dispatch(bot, H1, ticket)
+    settings = host_settings(acl_server, H1)
+
+    assert work_burst(Redis.from_url(settings.redis_url), settings) == 1
+    hostlink.drain(bot, [H1])
+
+    failed = runs.get_run(bot, run.run_id)
+    assert failed is not None and failed.state is RunState.COMPLETED
+    assert failed.title == "refused: the config has no batch 'nope'"
+    assert bot.llen(keys.host_taken(H1)) == 0
+
+
 def test_the_bot_judges_a_report_with_its_own_config(acl_server: PrivateRedis) -> None:
     """A host's report says what ran; whether that is a success is the bot's to decide."""
     bot, host = Redis.from_url(acl_server.url), login(acl_server, H1)

@@ -21,7 +21,7 @@ import requests
 from redis import Redis
 
 from contract import keys, leases
-from contract.config import ConfigError, load_config
+from contract.config import Batch, Config, ConfigError, Runtime, load_config
 from contract.hostlink import HostMessage, Kind, ProtocolError, Ticket
 from contract.leases import UNREACHABLE
 from contract.roles import is_sha, role_from_api
@@ -343,7 +343,8 @@ def _forget(conn: Redis, host: str, ticket: Ticket) -> None:
 def _execute(conn: Redis, settings: Settings, backend: GpuBackend | None, ticket: Ticket) -> str:
     tag = f"run={ticket.run_id}"
     try:
-        parts = _request_parts(settings, ticket)
+        config, batch = _config_of(ticket)
+        parts = _request_parts(settings, ticket, config.runtime_for(batch))
         through_outage(f"{tag} start checks", lambda: _may_start(conn, settings, backend, ticket))
         _recheck_with_github(ticket)
     except RunRefused as exc:
@@ -357,7 +358,7 @@ def _execute(conn: Redis, settings: Settings, backend: GpuBackend | None, ticket
         conn, settings.host, ticket.gpu_indices, ticket.lease_owner, settings.lease_ttl_s
     ) as heartbeat:
         send(conn, settings.host, HostMessage(Kind.STARTED, ticket.run_id, ticket.lease_owner))
-        result = _run(conn, settings, backend, ticket, heartbeat.lost, parts)
+        result = _run(conn, settings, backend, ticket, heartbeat.lost, (config, batch), parts)
         _wait_until_free(backend, ticket.gpu_indices, settings.kill_grace_s)
     if SHUTDOWN.is_set():  # the worker is stopping: the batch did not end by itself
         reason = f"the worker on {settings.host} was stopped while the batch ran"
@@ -376,16 +377,24 @@ def _execute(conn: Redis, settings: Settings, backend: GpuBackend | None, ticket
     return f"run {ticket.run_id}: {result.conclusion.value} - {result.title}"
 
 
-def _request_parts(settings: Settings, ticket: Ticket) -> dict[str, Any]:
+def _config_of(ticket: Ticket) -> tuple[Config, Batch]:
+    """The ticket's config and batch (the bot validated both); RunRefused if they are not."""
+    try:
+        config = load_config(ticket.config_text, ".gpuci.yml")
+        return config, config.batches[ticket.batch]
+    except ConfigError as exc:
+        why = f"refused: the ticket's config is not valid: {exc}"
+    except KeyError:
+        why = f"refused: the config has no batch {ticket.batch!r}"
+    raise RunRefused(why, retry=False)
+
+
+def _request_parts(settings: Settings, ticket: Ticket, runtime: Runtime) -> dict[str, Any]:
     """The run's environment, sandbox and caches on this host; RunRefused (back to pending,
     for another host) when this one does not provide its runtime."""
     try:
-        config = load_config(ticket.config_text, ".gpuci.yml")
-        runtime = config.runtime_for(config.batches[ticket.batch])
         setup = HostSetup.from_settings(settings, probe=False)
         return setup.request_parts(runtime, ticket.repo, trusted=ticket.trust == "trusted")
-    except (ConfigError, KeyError):
-        return {}  # reported by the run itself, with the config's own errors
     except (HostSetupError, RuntimeUnavailable) as exc:
         raise RunRefused(f"{settings.host}: {exc}", retry=True) from None
 
@@ -484,10 +493,10 @@ def _run(
     backend: GpuBackend | None,
     ticket: Ticket,
     lease_lost: threading.Event,
+    configured: tuple[Config, Batch],
     parts: dict[str, Any],
 ) -> BatchResult:
-    config = load_config(ticket.config_text, ".gpuci.yml")
-    batch = config.batches[ticket.batch]
+    config, batch = configured
     gpus = [g for g in backend.snapshot() if g.index in ticket.gpu_indices] if backend else []
     cancel = threading.Event()
     watcher = threading.Thread(
@@ -519,7 +528,7 @@ def _run(
             **parts,
         )
         outcome = run_batch(request, cancel=cancel, gpu_pids=lambda: _pids_on(backend, ticket))
-    except (SourceError, ConfigError, KeyError, RunnerError) as exc:
+    except (SourceError, RunnerError) as exc:
         outcome = _failed_outcome(settings, str(exc))
     finally:
         cancel.set()  # also stops the watcher
