@@ -238,6 +238,13 @@ def transition(conn: Redis, run_id: str, allowed: set[RunState], **changes: Any)
                 continue
 
 
+def changed_fields(run: Run, **changes: Any) -> dict[str, str]:
+    """The hash fields `transition` would write for `changes`, `updated_at` included, for a
+    write that must be made in one script with others (bot/leader.py's dispatch)."""
+    encoded = _encode(replace(run, **changes, updated_at=time.time()))
+    return {k: encoded[k] for k in (*changes, "updated_at")}
+
+
 def finish_run(conn: Redis, run: Run, *, conclusion: str, title: str) -> Run:
     """A run is over: completed with its conclusion, or kept cancelled if it was cancelled."""
     active = ACTIVE | {RunState.COMPLETED}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import statistics
@@ -15,9 +16,10 @@ from typing import Any
 
 from redis import Redis
 
-from bot import hostlink, runs
+from bot import leader, runs
 from bot.github_app import GitHubApp
 from bot.hostlink import recover_lost_run
+from bot.leader import LEADER_TTL_S, Dispatched, Fence, Leadership, still_leads
 from bot.planner import HostGpuSlot, HostView, PendingRun, Plan, Priority, plan
 from bot.reporting import report
 from bot.runs import Run, RunState, RunTrigger
@@ -141,18 +143,27 @@ def pending_view(conn: Redis, report_: TickReport) -> list[PendingRun]:
 
 
 def tick(
-    conn: Redis, source_token: SourceToken, api_url: str, now: float | None = None
+    conn: Redis,
+    source_token: SourceToken,
+    api_url: str,
+    now: float | None = None,
+    fence: Fence | None = None,
 ) -> TickReport:
-    """One scheduling round: drain dead hosts, plan, dispatch, and publish wait reasons."""
+    """One scheduling round: drain dead hosts, plan, dispatch, and publish wait reasons.
+
+    With a `fence` (bot/leader.py) the round does nothing once another scheduler leads, and
+    every dispatch is refused in Redis itself if the lock moved on meanwhile."""
     now = time.time() if now is None else now
-    conn.set(keys.scheduler_alive(), f"{now:.3f}", ex=SCHEDULER_TTL_S)
     done = TickReport()
+    if not still_leads(conn, fence):
+        return done
+    conn.set(keys.scheduler_alive(), f"{now:.3f}", ex=SCHEDULER_TTL_S)
     drain_dead_hosts(conn, done)
     pending = pending_view(conn, done)
     if not pending:
         return done
     decided = plan(pending, host_views(conn, now), now)
-    _dispatch(conn, decided, source_token, api_url, done)
+    _dispatch(conn, decided, source_token, api_url, done, fence)
     _publish_waits(conn, decided, done)
     for run_id, reason in decided.unrunnable.items():
         run = runs.get_run(conn, run_id)
@@ -162,7 +173,12 @@ def tick(
 
 
 def _dispatch(
-    conn: Redis, decided: Plan, source_token: SourceToken, api_url: str, done: TickReport
+    conn: Redis,
+    decided: Plan,
+    source_token: SourceToken,
+    api_url: str,
+    done: TickReport,
+    fence: Fence | None = None,
 ) -> None:
     for assignment in decided.assignments:
         run = runs.get_run(conn, assignment.run_id)
@@ -180,15 +196,9 @@ def _dispatch(
                 f"{run.installation_id}, so it mints no token for it", done,
             )  # fmt: skip
             continue
-        owner = leases.new_owner(run.run_id)
-        indices = list(assignment.gpu_indices)
-        ttl = _lease_ttl()
-        if indices and not leases.acquire(conn, assignment.host, indices, owner, ttl):
-            continue  # a lease changed since the plan; the next round plans again
         try:
             token = source_token(run)
         except Exception as exc:
-            leases.release(conn, assignment.host, indices, owner)
             log.warning(
                 "run=%s repo=%s no source token (%s); retrying next round",
                 run.run_id,
@@ -196,7 +206,12 @@ def _dispatch(
                 exc,
             )
             continue
-        _send(conn, run, assignment.host, tuple(indices), owner, token, api_url, done)
+        sent = _send(conn, run, assignment.host, assignment.gpu_indices, token, api_url, fence)
+        if sent is Dispatched.NOT_LEADING:
+            log.warning("another scheduler leads now; this one dispatches nothing more")
+            return
+        if sent is Dispatched.DISPATCHED:
+            done.dispatched.append(run.run_id)
 
 
 def _lease_ttl() -> int:
@@ -209,24 +224,13 @@ def _send(
     run: Run,
     host: str,
     indices: tuple[int, ...],
-    owner: str,
     token: str,
     api_url: str,
-    done: TickReport,
-) -> None:
-    assigned = runs.transition(
-        conn,
-        run.run_id,
-        {RunState.PENDING},
-        state=RunState.ASSIGNED,
-        host=host,
-        gpus=indices,
-        lease_owner=owner,
-        wait_reason=f"starting on {host}",
-    )
-    if assigned is None:
-        leases.release(conn, host, indices, owner)
-        return
+    fence: Fence | None,
+) -> Dispatched:
+    """Lease the GPUs, assign the run and give the host its ticket, all at once or not at all
+    (a GPU leased since the plan, the run changed, or another scheduler leads)."""
+    owner = leases.new_owner(run.run_id)
     approval = runs.approval_for(conn, run.repo, run.pr) if run.trust == "approved" else None
     ticket = Ticket(
         run_id=run.run_id,
@@ -243,12 +247,31 @@ def _send(
         approver=approval.approver if approval else "",
         deadline=time.time() + batch_of(run).timeout_s + TICKET_MARGIN_S,
     )
-    hostlink.dispatch(conn, host, ticket)
-    done.dispatched.append(run.run_id)
-    log.info(
-        "run=%s repo=%s sha=%s batch=%s host=%s gpus=%s dispatched",
-        run.run_id, run.repo, run.sha, run.batch, host, ",".join(map(str, indices)),
-    )  # fmt: skip
+    fields = runs.changed_fields(
+        run,
+        state=RunState.ASSIGNED,
+        host=host,
+        gpus=indices,
+        lease_owner=owner,
+        wait_reason=f"starting on {host}",
+    )
+    sent = leader.dispatch(
+        conn,
+        fence,
+        run_id=run.run_id,
+        host=host,
+        indices=indices,
+        owner=owner,
+        lease_ttl_s=_lease_ttl(),
+        fields=fields,
+        ticket=ticket.to_json(),
+    )
+    if sent is Dispatched.DISPATCHED:
+        log.info(
+            "run=%s repo=%s sha=%s batch=%s host=%s gpus=%s dispatched",
+            run.run_id, run.repo, run.sha, run.batch, host, ",".join(map(str, indices)),
+        )  # fmt: skip
+    return sent
 
 
 def _publish_waits(conn: Redis, decided: Plan, done: TickReport) -> None:
@@ -389,34 +412,60 @@ def main_loop(
     stop: Callable[[], bool],
     schedules: Schedules | None = None,
     redeliver: Callable[[], list[str]] | None = None,
+    leadership: Leadership | None = None,
 ) -> None:
     """Schedule every TICK_S seconds until `stop()`, firing layer schedules and replaying
-    missed webhook deliveries (`redeliver`, see bot/redeliver.py) once a minute. A failing
-    round is logged, not fatal; while Redis is unreachable (a restart) rounds are retried with
-    a growing wait, up to REDIS_WAIT_MAX_S."""
-    log.info("scheduler started (host heartbeat TTL %ss)", HOST_TTL_S)
+    missed webhook deliveries (`redeliver`, see bot/redeliver.py) once a minute, while this
+    process holds the leader lock (bot/leader.py); otherwise stand by and try for the lock each
+    TICK_S. A failing round is logged, not fatal; while Redis is unreachable (a restart) rounds
+    are retried with a growing wait, up to REDIS_WAIT_MAX_S."""
+    leadership = leadership or Leadership(conn, ttl_s=LEADER_TTL_S)
+    log.info(
+        "scheduler %s started (host heartbeat TTL %ss, leader lock TTL %gs)",
+        leadership.holder, HOST_TTL_S, leadership.ttl_s,
+    )  # fmt: skip
     last = _LastRun()
     wait_s = TICK_S
-    while not stop():
-        try:
-            _round(conn, source_token, api_url, schedules, redeliver, last)
-            if wait_s > TICK_S:
-                log.info("Redis answers again; scheduling resumed")
-            wait_s = TICK_S
-        except UNREACHABLE as exc:
-            wait_s = min(wait_s * 2, REDIS_WAIT_MAX_S)
-            log.warning("Redis unreachable (%s), retrying in %g s", exc, wait_s)
-        except Exception:
-            log.exception("scheduling round failed; trying again")
-        time.sleep(wait_s)
+    try:
+        while not stop():
+            try:
+                fence = _lead(leadership, last)
+                if fence is not None:
+                    _round(conn, source_token, api_url, schedules, redeliver, last, fence)
+                if wait_s > TICK_S:
+                    log.info("Redis answers again; scheduling resumed")
+                wait_s = TICK_S
+            except UNREACHABLE as exc:
+                wait_s = min(wait_s * 2, REDIS_WAIT_MAX_S)
+                log.warning("Redis unreachable (%s), retrying in %g s", exc, wait_s)
+            except Exception:
+                log.exception("scheduling round failed; trying again")
+            time.sleep(wait_s)
+    finally:
+        with contextlib.suppress(*UNREACHABLE):  # else the lock lapses within its TTL
+            leadership.resign()
+
+
+def _lead(leadership: Leadership, last: _LastRun) -> Fence | None:
+    """Hold the lock for this round, logging when this process starts or stops leading."""
+    fence = leadership.hold(time.time())
+    term = fence.term if fence else 0
+    if term != last.term:
+        if fence:
+            log.info("scheduler %s leads (term %s)", leadership.holder, term)
+        else:
+            log.info("scheduler %s stands by: another scheduler leads", leadership.holder)
+        last.term = term
+    return fence
 
 
 @dataclass
 class _LastRun:
-    """The minute (HHMM) layer schedules and the redelivery check last ran."""
+    """The minute (HHMM) layer schedules and the redelivery check last ran; the term held."""
 
     schedules: str = ""
     redeliver: str = ""
+    term: int = -1  # the leadership term held last round, 0 standing by
 
 
 def _round(
@@ -426,6 +475,7 @@ def _round(
     schedules: Schedules | None,
     redeliver: Callable[[], list[str]] | None,
     last: _LastRun,
+    fence: Fence | None = None,
 ) -> None:
     now = datetime.now(UTC)
     minute = now.strftime("%H%M")
@@ -440,7 +490,7 @@ def _round(
                 log.info("asked GitHub to redeliver %s missed deliveries", len(redone))
         except Exception:
             log.exception("checking for missed webhook deliveries failed; next minute again")
-    done = tick(conn, source_token, api_url)
+    done = tick(conn, source_token, api_url, fence=fence)
     if done.dispatched or done.failed or done.requeued:
         log.info(
             "round: dispatched %s, failed %s, re-queued %s",
