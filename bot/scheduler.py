@@ -21,7 +21,7 @@ from bot.github_app import GitHubApp
 from bot.hostlink import recover_lost_run
 from bot.leader import LEADER_TTL_S, Dispatched, Fence, Leadership, still_leads
 from bot.planner import HostGpuSlot, HostView, PendingRun, Plan, Priority, plan
-from bot.reporting import report
+from bot.reporting import report, report_many
 from bot.runs import Run, RunState, RunTrigger
 from contract import keys, leases
 from contract.config import Batch, ConfigError, HostGpu, Layer, cron_matches, load_config
@@ -34,6 +34,7 @@ TICK_S = 2.0
 REDIS_WAIT_MAX_S = 5.0  # the longest wait between rounds while Redis is unreachable
 SCHEDULER_TTL_S = 30  # /healthz calls the scheduler gone when its last round is older
 HOST_TTL_S = 15  # a host whose heartbeat is older than this is drained (workers.host's TTL)
+PENDING_PER_ROUND = 10_000  # the most pending runs one round plans; later ones wait a round
 TICKET_MARGIN_S = 900  # a ticket not taken by its batch's timeout + this is not started
 PRIORITIES = {
     RunTrigger.PULL_REQUEST: Priority.PULL_REQUEST,
@@ -63,22 +64,64 @@ def batch_of(run: Run) -> Batch:
     return batch
 
 
-def expected_seconds(conn: Redis, run: Run, batch: Batch) -> float:
+def expected_seconds(recorded: list[float], batch: Batch) -> float:
     """Median of the batch's recorded durations in this repository, else its timeout."""
-    recorded = runs.durations(conn, run.repo, run.batch)
     return statistics.median(recorded) if recorded else float(batch.timeout_s)
 
 
-def host_views(conn: Redis, now: float) -> list[HostView]:
+@dataclass
+class Snapshot:
+    """What one round reads from Redis, in a handful of pipelined round trips whatever the
+    number of runs and hosts: pending and dispatched runs, durations, served repositories."""
+
+    pending: list[Run]
+    dispatched: list[Run]
+    durations: dict[tuple[str, str], list[float]]
+    repos: dict[str, str]
+
+    @classmethod
+    def read(cls, conn: Redis, cache: runs.RunCache | None = None) -> Snapshot:
+        """With a `cache` (the scheduler's, kept between rounds) only runs written since the
+        last round are read whole."""
+        ranked: list[Any] = conn.zrange(keys.pending_runs(), 0, PENDING_PER_ROUND - 1)
+        pending_ids = [_text(i) for i in ranked]
+        dispatched_ids = sorted(_text(i) for i in conn.smembers(keys.dispatched_runs()))
+        read = (cache or runs.RunCache()).get_runs(conn, [*pending_ids, *dispatched_ids])
+        both = [r for r in read if r.state is RunState.PENDING or r.state in runs.DISPATCHED]
+        pending = [r for r in both if r.state is RunState.PENDING]
+        dispatched = [r for r in both if r.state in runs.DISPATCHED]
+        durations = runs.durations_of(conn, ((r.repo, r.batch) for r in both))
+        repos = {_text(k): _text(v) for k, v in conn.hgetall(keys.repos()).items()}
+        return cls(pending, dispatched, durations, repos)
+
+    def expected(self, run: Run) -> float | None:
+        """The run's expected duration, None when its batch cannot be read."""
+        try:
+            batch = batch_of(run)
+        except (ConfigError, KeyError):
+            return None
+        return expected_seconds(self.durations.get((run.repo, run.batch), []), batch)
+
+
+def host_views(conn: Redis, now: float, snapshot: Snapshot | None = None) -> list[HostView]:
     """Every registered host as the planner sees it: GPUs, idle ones, when leased ones free up."""
+    snapshot = snapshot or Snapshot.read(conn)
+    names = sorted(_text(n) for n in conn.smembers(keys.hosts()))
+    pipe = conn.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(keys.host(name))
+        pipe.exists(keys.host_alive(name))
+    answers = pipe.execute() if names else []
+    records = dict(zip(names, answers[0::2], strict=True))
+    alive = {name: bool(a) for name, a in zip(names, answers[1::2], strict=True)}
+    gpus = {name: json.loads(r.get(b"gpus", b"[]")) if r else [] for name, r in records.items()}
+    held = _lease_holders(conn, gpus)
+    ends = _expected_ends(conn, snapshot, held, now)
+    busy = Counter(run.host for run in snapshot.dispatched)
     views = []
-    busy = Counter(run.host for run in runs.dispatched_runs(conn))
-    for raw_name in sorted(conn.smembers(keys.hosts())):
-        name = _text(raw_name)
-        record = conn.hgetall(keys.host(name))
-        gpus = json.loads(record.get(b"gpus", b"[]")) if record else []
-        alive = bool(conn.exists(keys.host_alive(name)))
-        view = _view(conn, name, gpus, alive, now)
+    for name in names:
+        record = records[name]
+        view = _view(name, gpus[name], held[name], ends, alive[name])
         slots = int(record.get(b"slots", b"0") or 0) if record else 0
         if slots:
             view = replace(view, free_slots=max(0, slots - busy[name]))
@@ -88,14 +131,51 @@ def host_views(conn: Redis, now: float) -> list[HostView]:
     return views
 
 
-def _view(conn: Redis, name: str, gpus: list[dict[str, Any]], alive: bool, now: float) -> HostView:
+def _lease_holders(
+    conn: Redis, gpus: Mapping[str, list[dict[str, Any]]]
+) -> dict[str, dict[int, str | None]]:
+    """Host -> GPU index -> the owner of its lease (None: free), in one round trip."""
+    wanted = [(name, int(g["index"])) for name, entries in gpus.items() for g in entries]
+    values = conn.mget([keys.gpu_lease(n, i) for n, i in wanted]) if wanted else []
+    held: dict[str, dict[int, str | None]] = {name: {} for name in gpus}
+    for (name, index), value in zip(wanted, values, strict=True):
+        held[name][index] = None if value is None else _text(value)
+    return held
+
+
+def _expected_ends(
+    conn: Redis, snapshot: Snapshot, held: Mapping[str, Mapping[int, str | None]], now: float
+) -> dict[str, float | None]:
+    """Lease owner -> when its run should end (None: no such run, or its batch unreadable).
+    Owners that are not among the dispatched runs (a run between states) are read at once."""
+    by_id = {run.run_id: run for run in snapshot.dispatched}
+    owners = {o for leased in held.values() for o in leased.values() if o is not None}
+    missing = sorted({leases.run_of(o) for o in owners} - set(by_id))
+    if missing:
+        extra = runs.get_runs(conn, missing)
+        by_id.update({run.run_id: run for run in extra})
+        snapshot.durations.update(runs.durations_of(conn, ((r.repo, r.batch) for r in extra)))
+    ends: dict[str, float | None] = {}
+    for owner in owners:
+        run = by_id.get(leases.run_of(owner))
+        expected = snapshot.expected(run) if run else None
+        ends[owner] = (
+            None if run is None or expected is None
+            else (run.started_at or run.updated_at or now) + expected
+        )  # fmt: skip
+    return ends
+
+
+def _view(
+    name: str,
+    gpus: list[dict[str, Any]],
+    held: Mapping[int, str | None],
+    ends: Mapping[str, float | None],
+    alive: bool,
+) -> HostView:
     slots = [HostGpuSlot(g["index"], _host_gpu(g)) for g in gpus]
-    held = leases.holders(conn, name, [s.index for s in slots])
     idle = frozenset(g["index"] for g in gpus if g.get("idle") and held.get(g["index"]) is None)
-    busy_until: dict[int, float | None] = {}
-    for index, owner in held.items():
-        if owner is not None:
-            busy_until[index] = _expected_end(conn, owner, now)
+    busy_until = {index: ends[owner] for index, owner in held.items() if owner is not None}
     return HostView(name, slots, idle, busy_until, alive)
 
 
@@ -105,21 +185,10 @@ def _host_gpu(entry: Mapping[str, Any]) -> HostGpu:
     return HostGpu(str(entry.get("name") or ""), int(entry.get("memory_mb") or 0), cc)
 
 
-def _expected_end(conn: Redis, owner: str, now: float) -> float | None:
-    run = runs.get_run(conn, leases.run_of(owner))
-    if run is None:
-        return None
-    try:
-        expected = expected_seconds(conn, run, batch_of(run))
-    except (ConfigError, KeyError):
-        return None
-    return (run.started_at or run.updated_at or now) + expected
-
-
-def pending_view(conn: Redis, report_: TickReport) -> list[PendingRun]:
+def pending_view(conn: Redis, snapshot: Snapshot, report_: TickReport) -> list[PendingRun]:
     """Pending runs for the planner; a run whose batch cannot be read fails at once."""
     found = []
-    for run in runs.pending_runs(conn, limit=1000):
+    for run in snapshot.pending:
         try:
             batch = batch_of(run)
         except (ConfigError, KeyError) as exc:
@@ -127,14 +196,14 @@ def pending_view(conn: Redis, report_: TickReport) -> list[PendingRun]:
             continue
         priority = PRIORITIES.get(run.trigger, Priority.COMMAND)
         runtime = _config(run.config_text).runtime_for(batch)
-        expected = expected_seconds(conn, run, batch)
+        recorded = snapshot.durations.get((run.repo, run.batch), [])
         found.append(
             PendingRun(
                 run.run_id,
                 batch,
                 priority,
                 run.created_at,
-                expected,
+                expected_seconds(recorded, batch),
                 needs=runtime.requirement,
                 runtime=runtime.name,
             )
@@ -148,49 +217,58 @@ def tick(
     api_url: str,
     now: float | None = None,
     fence: Fence | None = None,
+    cache: runs.RunCache | None = None,
 ) -> TickReport:
     """One scheduling round: drain dead hosts, plan, dispatch, and publish wait reasons.
 
-    With a `fence` (bot/leader.py) the round does nothing once another scheduler leads, and
-    every dispatch is refused in Redis itself if the lock moved on meanwhile."""
+    Reads are pipelined (Snapshot, host_views), so a round makes about a dozen round trips to
+    Redis plus one per run dispatched or failed; with the scheduler's `cache` it reads whole
+    only the runs written since its last round. With a `fence`
+    (bot/leader.py) the round does nothing once another scheduler leads, and every dispatch is
+    refused in Redis itself if the lock moved on meanwhile."""
     now = time.time() if now is None else now
     done = TickReport()
     if not still_leads(conn, fence):
         return done
     conn.set(keys.scheduler_alive(), f"{now:.3f}", ex=SCHEDULER_TTL_S)
-    drain_dead_hosts(conn, done)
-    pending = pending_view(conn, done)
+    snapshot = Snapshot.read(conn, cache)
+    drained = drain_dead_hosts(conn, done, snapshot.dispatched)
+    snapshot.dispatched = [r for r in snapshot.dispatched if r.run_id not in drained]
+    if drained:
+        snapshot.pending = runs.pending_runs(conn, limit=PENDING_PER_ROUND)
+    pending = pending_view(conn, snapshot, done)
     if not pending:
         return done
-    decided = plan(pending, host_views(conn, now), now)
-    _dispatch(conn, decided, source_token, api_url, done, fence)
-    _publish_waits(conn, decided, done)
+    decided = plan(pending, host_views(conn, now, snapshot), now)
+    by_id = {run.run_id: run for run in snapshot.pending}
+    _dispatch(conn, decided, by_id, snapshot.repos, source_token, api_url, done, fence)
+    _publish_waits(conn, decided, by_id, done)
     for run_id, reason in decided.unrunnable.items():
-        run = runs.get_run(conn, run_id)
-        if run is not None:
-            _fail(conn, run, reason, done)
+        _fail(conn, by_id[run_id], reason, done)
     return done
 
 
 def _dispatch(
     conn: Redis,
     decided: Plan,
+    by_id: Mapping[str, Run],
+    repos: Mapping[str, str],
     source_token: SourceToken,
     api_url: str,
     done: TickReport,
     fence: Fence | None = None,
 ) -> None:
+    """Dispatch each assignment, one atomic step apiece (bot/leader.py), with the runs as the
+    round read them: the step itself refuses a run that is no longer pending."""
     for assignment in decided.assignments:
-        run = runs.get_run(conn, assignment.run_id)
-        if run is None or run.state is not RunState.PENDING:
-            continue
+        run = by_id[assignment.run_id]
         if not runs.may_run(conn, run):
             _fail(
                 conn, run, f"refused: commit {run.sha[:10]} is no longer trusted or approved", done
             )
             continue
-        served = conn.hget(keys.repos(), run.repo)
-        if served is None or _text(served) != str(run.installation_id):
+        served = repos.get(run.repo)
+        if served is None or served != str(run.installation_id):
             _fail(
                 conn, run, f"refused: gpuci has not heard of {run.repo} in installation "
                 f"{run.installation_id}, so it mints no token for it", done,
@@ -274,15 +352,17 @@ def _send(
     return sent
 
 
-def _publish_waits(conn: Redis, decided: Plan, done: TickReport) -> None:
-    """Store each waiting run's reason; report only when the reason changed."""
+def _publish_waits(conn: Redis, decided: Plan, by_id: Mapping[str, Run], done: TickReport) -> None:
+    """Store each waiting run's reason and report it, only where the reason changed: one
+    script for all the reasons, one pipeline for all the reports."""
+    changed = {}
     for run_id, wait in decided.waiting.items():
-        run = runs.get_run(conn, run_id)
-        reason = "; ".join(part for part in (run.note if run else "", str(wait)) if part)
+        run = by_id[run_id]
+        reason = "; ".join(part for part in (run.note, str(wait)) if part)
         done.waiting[run_id] = reason
-        if run is not None and run.state is RunState.PENDING and run.wait_reason != reason:
-            runs.update_run(conn, run, wait_reason=reason)
-            report(conn, run_id)
+        if run.wait_reason != reason:
+            changed[run_id] = reason
+    report_many(conn, runs.set_wait_reasons(conn, changed))
 
 
 def _fail(conn: Redis, run: Run, reason: str, done: TickReport) -> None:
@@ -292,17 +372,29 @@ def _fail(conn: Redis, run: Run, reason: str, done: TickReport) -> None:
     log.warning("run=%s repo=%s sha=%s failed: %s", run.run_id, run.repo, run.sha, reason)
 
 
-def drain_dead_hosts(conn: Redis, done: TickReport) -> None:
-    """Runs on a host whose heartbeat stopped: re-queued once, then failed."""
-    for run in runs.dispatched_runs(conn):
-        if not run.host or conn.exists(keys.host_alive(run.host)):
+def drain_dead_hosts(
+    conn: Redis, done: TickReport, dispatched: list[Run] | None = None
+) -> set[str]:
+    """Runs on a host whose heartbeat stopped: re-queued once, then failed; their ids."""
+    dispatched = runs.dispatched_runs(conn) if dispatched is None else dispatched
+    hosts = sorted({run.host for run in dispatched if run.host})
+    pipe = conn.pipeline(transaction=False)
+    for host in hosts:
+        pipe.exists(keys.host_alive(host))
+    beating = pipe.execute() if hosts else []
+    alive = {host for host, found in zip(hosts, beating, strict=True) if found}
+    drained = set()
+    for run in dispatched:
+        if not run.host or run.host in alive:
             continue
+        drained.add(run.run_id)
         reason = f"worker lost on {run.host}"
         outcome = recover_lost_run(conn, run, reason)
         if outcome == "requeued":
             done.requeued.append(run.run_id)
         elif outcome == "failed":
             done.failed[run.run_id] = reason
+    return drained
 
 
 # --- scheduled layers ------------------------------------------------------------------------
@@ -466,6 +558,7 @@ class _LastRun:
     schedules: str = ""
     redeliver: str = ""
     term: int = -1  # the leadership term held last round, 0 standing by
+    run_cache: runs.RunCache = field(default_factory=lambda: runs.RunCache())
 
 
 def _round(
@@ -490,7 +583,7 @@ def _round(
                 log.info("asked GitHub to redeliver %s missed deliveries", len(redone))
         except Exception:
             log.exception("checking for missed webhook deliveries failed; next minute again")
-    done = tick(conn, source_token, api_url, fence=fence)
+    done = tick(conn, source_token, api_url, fence=fence, cache=last.run_cache)
     if done.dispatched or done.failed or done.requeued:
         log.info(
             "round: dispatched %s, failed %s, re-queued %s",
