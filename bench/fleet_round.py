@@ -103,13 +103,15 @@ def waiting(conn: Redis, rng: random.Random, batch: str | None = None) -> runs.R
 
 
 def one_round(
-    conn: CountingRedis, fence: leader.Fence, cache: runs.RunCache
+    conn: CountingRedis, leadership: leader.Leadership, cache: runs.RunCache
 ) -> tuple[float, int, int, int]:
     """Seconds, round trips, runs dispatched and runs waiting, for one leader's round (with
     the run cache the scheduler keeps between its rounds)."""
     before = conn.trips[0]
     start = time.perf_counter()
-    done = scheduler.tick(conn, lambda run: "token", "http://127.0.0.1:1", fence=fence, cache=cache)
+    done = scheduler.tick(
+        conn, lambda run: "token", "http://127.0.0.1:1", leadership=leadership, cache=cache
+    )
     took = time.perf_counter() - start
     return took, conn.trips[0] - before, len(done.dispatched), len(done.waiting)
 
@@ -128,11 +130,11 @@ def main() -> None:
         conn.flushdb()
         populate(conn, hosts, pending)
         conn.hset(keys.repos(), mapping=dict.fromkeys(REPOS, "1"))
-        fence = leader.Leadership(conn, "bench", 600).hold(time.time())
-        assert fence is not None
+        leadership = leader.Leadership(conn, "bench", 600)
+        assert leadership.hold(time.time()) is not None
         cache = runs.RunCache()
         for label in ("first", "second", "steady"):
-            took, trips, sent, waits = one_round(conn, fence, cache)
+            took, trips, sent, waits = one_round(conn, leadership, cache)
             print(
                 f"  {hosts:>5} {pending:>7} {label:>6} {took * 1000:6.0f} ms {trips:>6} "
                 f"{sent:>5} {waits:>7}"

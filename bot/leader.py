@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -100,6 +101,7 @@ class Leadership:
         self.conn, self.ttl_s = conn, ttl_s
         self.holder = holder or new_holder()
         self.fence: Fence | None = None
+        self.renewed_at = 0.0  # time.monotonic() of the last renewal that kept the lock
         self._hold = conn.register_script(_HOLD)
 
     def hold(self, now: float) -> Fence | None:
@@ -111,11 +113,21 @@ class Leadership:
             [self.holder, max(1, round(self.ttl_s * 1000)), ours],
         )
         self.fence = Fence(_text(token)) if token else None
+        if self.fence is not None:
+            self.renewed_at = time.monotonic()
         pipe = self.conn.pipeline(transaction=False)
         pipe.zadd(keys.schedulers(), {self.holder: now})
         pipe.zremrangebyscore(keys.schedulers(), "-inf", now - SEEN_S)
         pipe.execute()
         return self.fence
+
+    def keep(self) -> Fence | None:
+        """The fence, renewing the lock first if a third of its TTL went by since the last
+        renewal: a long round (many runs to start, GitHub slow to mint tokens) keeps the lock
+        as long as it makes progress. None once the lock is lost."""
+        if self.fence is not None and time.monotonic() - self.renewed_at < self.ttl_s / 3:
+            return self.fence
+        return self.hold(time.time())
 
     def resign(self) -> None:
         """Give the lock up at once (a clean stop), so a standby need not wait for its TTL."""

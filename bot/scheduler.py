@@ -19,7 +19,7 @@ from redis import Redis
 from bot import leader, runs
 from bot.github_app import GitHubApp
 from bot.hostlink import recover_lost_run
-from bot.leader import LEADER_TTL_S, Dispatched, Fence, Leadership, still_leads
+from bot.leader import LEADER_TTL_S, Dispatched, Fence, Leadership
 from bot.planner import HostGpuSlot, HostView, PendingRun, Plan, Priority, plan
 from bot.reporting import report, report_many
 from bot.runs import Run, RunState, RunTrigger
@@ -216,19 +216,20 @@ def tick(
     source_token: SourceToken,
     api_url: str,
     now: float | None = None,
-    fence: Fence | None = None,
+    leadership: Leadership | None = None,
     cache: runs.RunCache | None = None,
 ) -> TickReport:
     """One scheduling round: drain dead hosts, plan, dispatch, and publish wait reasons.
 
     Reads are pipelined (Snapshot, host_views), so a round makes about a dozen round trips to
     Redis plus one per run dispatched or failed; with the scheduler's `cache` it reads whole
-    only the runs written since its last round. With a `fence`
-    (bot/leader.py) the round does nothing once another scheduler leads, and every dispatch is
-    refused in Redis itself if the lock moved on meanwhile."""
+    only the runs written since its last round. With a `leadership` (bot/leader.py) the round
+    does nothing unless this process holds the lock, renews it as it goes, and every dispatch
+    is refused in Redis itself if the lock moved on meanwhile."""
     now = time.time() if now is None else now
     done = TickReport()
-    if not still_leads(conn, fence):
+    fence = leadership.keep() if leadership else None
+    if leadership is not None and fence is None:
         return done
     conn.set(keys.scheduler_alive(), f"{now:.3f}", ex=SCHEDULER_TTL_S)
     snapshot = Snapshot.read(conn, cache)
@@ -241,7 +242,7 @@ def tick(
         return done
     decided = plan(pending, host_views(conn, now, snapshot), now)
     by_id = {run.run_id: run for run in snapshot.pending}
-    _dispatch(conn, decided, by_id, snapshot.repos, source_token, api_url, done, fence)
+    _dispatch(conn, decided, by_id, snapshot.repos, source_token, api_url, done, leadership)
     _publish_waits(conn, decided, by_id, done)
     for run_id, reason in decided.unrunnable.items():
         _fail(conn, by_id[run_id], reason, done)
@@ -256,11 +257,16 @@ def _dispatch(
     source_token: SourceToken,
     api_url: str,
     done: TickReport,
-    fence: Fence | None = None,
+    leadership: Leadership | None = None,
 ) -> None:
     """Dispatch each assignment, one atomic step apiece (bot/leader.py), with the runs as the
-    round read them: the step itself refuses a run that is no longer pending."""
+    round read them: the step itself refuses a run that is no longer pending. The lock is
+    renewed as the round goes (`Leadership.keep`); the step refuses all once it is lost."""
+    fence = leadership.fence if leadership else None
     for assignment in decided.assignments:
+        if leadership is not None and leadership.keep() != fence:
+            log.warning("another scheduler leads now; this one dispatches nothing more")
+            return
         run = by_id[assignment.run_id]
         if not runs.may_run(conn, run):
             _fail(
@@ -521,9 +527,8 @@ def main_loop(
     try:
         while not stop():
             try:
-                fence = _lead(leadership, last)
-                if fence is not None:
-                    _round(conn, source_token, api_url, schedules, redeliver, last, fence)
+                if _lead(leadership, last) is not None:
+                    _round(conn, source_token, api_url, schedules, redeliver, last, leadership)
                 if wait_s > TICK_S:
                     log.info("Redis answers again; scheduling resumed")
                 wait_s = TICK_S
@@ -568,7 +573,7 @@ def _round(
     schedules: Schedules | None,
     redeliver: Callable[[], list[str]] | None,
     last: _LastRun,
-    fence: Fence | None = None,
+    leadership: Leadership | None = None,
 ) -> None:
     now = datetime.now(UTC)
     minute = now.strftime("%H%M")
@@ -583,7 +588,7 @@ def _round(
                 log.info("asked GitHub to redeliver %s missed deliveries", len(redone))
         except Exception:
             log.exception("checking for missed webhook deliveries failed; next minute again")
-    done = tick(conn, source_token, api_url, fence=fence, cache=last.run_cache)
+    done = tick(conn, source_token, api_url, leadership=leadership, cache=last.run_cache)
     if done.dispatched or done.failed or done.requeued:
         log.info(
             "round: dispatched %s, failed %s, re-queued %s",

@@ -206,16 +206,34 @@ def test_a_stale_fence_writes_no_lease_assignment_or_ticket(redis_conn: Redis, h
     assert redis_conn.zscore(keys.pending_runs(), run.run_id) is not None
 
 
-def test_a_round_under_a_stale_fence_does_nothing(redis_conn: Redis, host: None) -> None:
-    stale = Leadership(redis_conn, "a", 0.2).hold(time.time())
+def test_a_round_under_a_lost_lock_does_nothing(redis_conn: Redis, host: None) -> None:
+    stale = Leadership(redis_conn, "a", 0.2)
+    assert stale.hold(time.time()) is not None
     time.sleep(0.3)
-    current = Leadership(redis_conn, "b", 30).hold(time.time())
+    current = Leadership(redis_conn, "b", 30)
+    assert current.hold(time.time()) is not None
     run = pending(redis_conn)
-    done = scheduler.tick(redis_conn, lambda r: "t", "http://x", fence=stale)
+    done = scheduler.tick(redis_conn, lambda r: "t", "http://x", leadership=stale)
     assert done.dispatched == [] and redis_conn.llen(keys.host_tickets(HOST)) == 0
-    assert scheduler.tick(redis_conn, lambda r: "t", "http://x", fence=current).dispatched == [
-        run.run_id
-    ]
+    assert stale.fence is None  # it found the lock gone
+    done = scheduler.tick(redis_conn, lambda r: "t", "http://x", leadership=current)
+    assert done.dispatched == [run.run_id]
+
+
+def test_a_long_round_renews_the_lock_as_it_goes(redis_conn: Redis, host: None) -> None:
+    """Minting tokens can be slow (a new repository each): the round keeps the lock while it
+    makes progress, instead of letting it lapse and a standby start over."""
+    leading = Leadership(redis_conn, "a", 0.6)
+    fence = leading.hold(time.time())
+    made = [pending(redis_conn) for _ in range(4)]
+
+    def slow_token(run: Run) -> str:
+        time.sleep(0.25)  # four of these outlast the lock's 0.6 s
+        return "t"
+
+    done = scheduler.tick(redis_conn, slow_token, "http://x", leadership=leading)
+    assert sorted(done.dispatched) == sorted(r.run_id for r in made)
+    assert leading.fence == fence and leader.still_leads(redis_conn, fence)
 
 
 @pytest.mark.parametrize(
