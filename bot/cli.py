@@ -464,7 +464,7 @@ def cmd_scheduler(args: argparse.Namespace, settings: Settings) -> int:
 
     from bot.redeliver import redeliver_failed, since_last_check
     from bot.runs import Run
-    from bot.scheduler import Schedules, main_loop
+    from bot.scheduler import Schedules, main_loop, stop_on_sigterm
 
     app = _github_app(settings, "scheduler")
     if app is None:
@@ -481,7 +481,8 @@ def cmd_scheduler(args: argparse.Namespace, settings: Settings) -> int:
     def redeliver() -> list[str]:
         return redeliver_failed(app, conn, since_last_check(conn))
 
-    main_loop(conn, source_token, settings.github_api_url, lambda: False, schedules, redeliver)
+    stop = stop_on_sigterm()
+    main_loop(conn, source_token, settings.github_api_url, stop, schedules, redeliver)
     return EXIT_OK
 
 

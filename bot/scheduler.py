@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import signal
 import statistics
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -503,6 +505,14 @@ def _scheduled_run(
     return run.run_id
 
 
+def stop_on_sigterm() -> Callable[[], bool]:
+    """A `stop` for main_loop that SIGTERM (systemd's stop) sets: the round in progress ends,
+    the lock is resigned at once and a standby leads within a tick, not a lock TTL."""
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stopping.set())
+    return stopping.is_set
+
+
 def main_loop(
     conn: Redis,
     source_token: SourceToken,
@@ -537,10 +547,16 @@ def main_loop(
                 log.warning("Redis unreachable (%s), retrying in %g s", exc, wait_s)
             except Exception:
                 log.exception("scheduling round failed; trying again")
-            time.sleep(wait_s)
+            _sleep_unless(stop, wait_s)
     finally:
         with contextlib.suppress(*UNREACHABLE):  # else the lock lapses within its TTL
             leadership.resign()
+
+
+def _sleep_unless(stop: Callable[[], bool], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not stop() and time.monotonic() < deadline:
+        time.sleep(min(0.2, seconds))
 
 
 def _lead(leadership: Leadership, last: _LastRun) -> Fence | None:

@@ -14,7 +14,7 @@ from redis import Redis
 
 from bot.leader import Leadership
 from bot.runs import Run
-from bot.scheduler import main_loop
+from bot.scheduler import main_loop, stop_on_sigterm
 
 
 def main() -> None:
@@ -30,7 +30,8 @@ def main() -> None:
         return f"token-for-{run.run_id}"
 
     leadership = Leadership(conn, holder, ttl_s)
-    main_loop(conn, source_token, "http://127.0.0.1:1", lambda: False, leadership=leadership)
+    stop = stop_on_sigterm()
+    main_loop(conn, source_token, "http://127.0.0.1:1", stop, leadership=leadership)
 
 
 if __name__ == "__main__":

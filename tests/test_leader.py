@@ -135,8 +135,9 @@ class Schedulers:
 
     def stop_all(self) -> None:
         for proc in self.procs.values():
-            os.kill(proc.pid, signal.SIGCONT)
-            proc.kill()
+            if proc.poll() is None:  # one a test stopped has gone already
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
             proc.wait()
 
 
@@ -306,6 +307,21 @@ def test_standby_takes_over_when_the_leader_is_killed(
     assert took <= TAKEOVER_S
     assert_each_run_and_gpu_given_once(redis_conn, made)
     assert "scheduler b leads (term 2)" in schedulers.log("b")
+
+
+def test_sigterm_hands_the_lock_over_at_once(
+    redis_conn: Redis, host: None, schedulers: Schedulers
+) -> None:
+    """systemd stops a scheduler with SIGTERM: it resigns, and the standby leads within a
+    tick or two rather than the lock's TTL."""
+    start_a_then_b(redis_conn, schedulers)
+    schedulers.signal("a", signal.SIGTERM)
+    assert schedulers.procs["a"].wait(timeout=10) == 0
+    assert leader_name(redis_conn) != "a"  # resigned on its way out, not left to lapse
+    wait_for(lambda: leader_name(redis_conn) == "b", TAKEOVER_S, "b leads after a stopped")
+    made = [pending(redis_conn) for _ in range(2)]
+    wait_for(lambda: len(tickets(redis_conn)) == 2, 20, "b dispatches")
+    assert_each_run_and_gpu_given_once(redis_conn, made)
 
 
 def test_a_stopped_leader_is_replaced_and_stands_by_when_it_resumes(
