@@ -201,7 +201,7 @@ def cmd_runs(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
     print(f"{'run':>6}  {'repo':<24} {'PR':>5}  {'sha':<10}  {'batch':<10} {'state':<17} detail")
     for run in found:
-        detail = run.conclusion or run.wait_reason
+        detail = f"{run.conclusion}: {run.title}" if run.conclusion else run.wait_reason
         print(
             f"{run.run_id:>6}  {run.repo:<24} {run.pr or '-':>5}  {run.sha[:10]:<10}  "
             f"{run.batch:<10} {run.state:<17} {detail}"

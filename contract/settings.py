@@ -87,6 +87,9 @@ class Settings:
     log_format: str = "text"
     # Largest accepted webhook body, bytes (GitHub caps payloads at 25 MB).
     max_body_bytes: int = 25 * 1024 * 1024
+    # Tests only: every run on this host raises at this step of its run path (FAULT_STEPS),
+    # to show that a crash ends the run. Never set in production.
+    test_fault: str = ""
 
     @classmethod
     def from_env(
@@ -126,6 +129,8 @@ class Settings:
         return tuple(p.strip() for p in getattr(self, name).split(",") if p.strip())
 
 
+# The steps of a GPU host's run path where GPUCI_TEST_FAULT can make it raise, in order.
+FAULT_STEPS = ("sources", "setup", "preflight", "pytest", "results", "store")
 _SIZES = ("cache_max_size", "archive_cache_max_size", "min_free_disk")
 _DURATIONS = ("keep_failed_runs",)
 
@@ -137,6 +142,9 @@ def _check_units(settings: Settings) -> None:
             parse_size(getattr(settings, name))
         except ValueError as exc:
             raise SettingsError(f"{_env_name(name)}: {exc}") from None
+    if settings.test_fault and settings.test_fault not in FAULT_STEPS:
+        steps = ", ".join(FAULT_STEPS)
+        raise SettingsError(f"GPUCI_TEST_FAULT={settings.test_fault!r} is not one of {steps}")
     for name in _DURATIONS:
         value = getattr(settings, name)
         try:

@@ -22,10 +22,12 @@ from redis import Redis
 
 from contract import keys, leases
 from contract.config import Batch, Config, ConfigError, Runtime, load_config
-from contract.hostlink import HostMessage, Kind, ProtocolError, Ticket
+from contract.hostlink import MAX_TEXT, HostMessage, Kind, ProtocolError, Ticket
 from contract.leases import UNREACHABLE
+from contract.redact import redact_text
 from contract.roles import is_sha, role_from_api
 from contract.settings import Settings
+from workers import faults
 from workers.batch import BatchResult, conclude_run
 from workers.cleanup import disk_problem, finish_workdir, sweep_workdirs, trim_archives
 from workers.gpus import GpuBackend, GpuState, gpu_states, inventory_entry, open_backend
@@ -39,6 +41,7 @@ T = TypeVar("T")
 HOST_TTL_S = 15  # a host whose heartbeat is older than this is drained by the scheduler
 HEARTBEAT_S = 3.0
 JUNIT_MAX_BYTES = 8 * 1024 * 1024  # compressed; larger JUnit files are not kept (summary is)
+ERROR_LOG_TAIL_BYTES = 16 * 1024  # of a crashed run's log, sent with the error
 REDIS_RETRY_S = (0.5, 1.0, 2.0, 3.0)  # waits while Redis is unreachable (restarting), then 3 s
 # How long one step of a run (its start, its result, its completion) waits for an unreachable
 # Redis before failing.
@@ -320,9 +323,11 @@ def run_ticket(conn: Redis, settings: Settings, raw: bytes) -> str:
         log.error("refusing a ticket that is not one (%s)", exc)
         through_outage("drop a bad ticket", lambda: conn.lrem(keys.host_taken(host), 1, raw))  # type: ignore[arg-type]
         return f"bad ticket: {exc}"
-    backend = open_backend(settings.gpu_backend) if ticket.gpu_indices else None
     try:
+        backend = open_backend(settings.gpu_backend) if ticket.gpu_indices else None
         return _execute(conn, settings, backend, ticket)
+    except Exception as exc:  # whatever raises on the run path ends the run, visibly
+        return _crashed(conn, settings, ticket, exc)
     finally:
         _release(conn, settings, ticket)
         through_outage(
@@ -330,6 +335,35 @@ def run_ticket(conn: Redis, settings: Settings, raw: bytes) -> str:
             lambda: _forget(conn, host, ticket),
         )
         sweep_workdirs(Path(settings.work_dir), time.time())
+
+
+def _crashed(conn: Redis, settings: Settings, ticket: Ticket, exc: Exception) -> str:
+    """gpuci's own code raised while it held the run: the bot hears it, with the run's log so
+    far, and fails the run ("gpuci error on HOST: ..."); the traceback goes to this log."""
+    log.exception("run=%s repo=%s sha=%s gpuci error", ticket.run_id, ticket.repo, ticket.sha)
+    what = redact_text(f"{type(exc).__name__}: {exc}")[:MAX_TEXT]
+    tail = _log_tail_of(settings, ticket)
+    message = HostMessage(
+        Kind.ERROR, ticket.run_id, ticket.lease_owner, what, result={"log_tail": tail}
+    )
+    try:
+        send(conn, settings.host, message)
+    except Exception as failed:  # Redis gone for good: the worker's next start re-queues it
+        log.error("run=%s the bot could not be told of the error: %s", ticket.run_id, failed)
+    return f"run {ticket.run_id}: gpuci error: {what}"
+
+
+def _log_tail_of(settings: Settings, ticket: Ticket) -> str:
+    """The end of the run's output log, if the run got a directory (the newest of its id)."""
+    found = sorted(
+        Path(settings.work_dir).glob(f"run-{ticket.run_id}-*/output.log"),
+        key=lambda path: path.stat().st_mtime,
+    )
+    if not found:
+        return ""
+    with found[-1].open("rb") as logged:
+        logged.seek(max(0, found[-1].stat().st_size - ERROR_LOG_TAIL_BYTES))
+        return logged.read().decode("utf-8", "replace")
 
 
 def _forget(conn: Redis, host: str, ticket: Ticket) -> None:
@@ -373,7 +407,10 @@ def _execute(conn: Redis, settings: Settings, backend: GpuBackend | None, ticket
             HostMessage(Kind.LEASE_LOST, ticket.run_id, ticket.lease_owner, "heartbeat"),
         )
     _finish(conn, settings, ticket, result)
-    _clean_up(settings, result)
+    try:  # the bot has the result: nothing that fails here may end the run again
+        _clean_up(settings, result)
+    except OSError as exc:
+        log.warning("run=%s its directory was not cleaned up: %s", ticket.run_id, exc)
     return f"run {ticket.run_id}: {result.conclusion.value} - {result.title}"
 
 
@@ -525,6 +562,7 @@ def _run(
             run_as=settings.run_as,
             gpu_minors=tuple(g.minor_number for g in gpus if g.minor_number is not None),
             gpu_uuids=tuple(g.uuid for g in gpus),
+            fault_at=settings.test_fault,
             **parts,
         )
         outcome = run_batch(request, cancel=cancel, gpu_pids=lambda: _pids_on(backend, ticket))
@@ -532,6 +570,7 @@ def _run(
         outcome = _failed_outcome(settings, str(exc))
     finally:
         cancel.set()  # also stops the watcher
+    faults.inject(settings.test_fault, "results")
     return conclude_run(settings, batch, ticket.sha, gpus, outcome)
 
 
@@ -613,6 +652,7 @@ def _finish(conn: Redis, settings: Settings, ticket: Ticket, result: BatchResult
     """Upload the JUnit XML, then tell the bot the run's report; each step waits out a Redis
     restart. The bot judges the report itself, with its own config."""
     tag = f"run={ticket.run_id}"
+    faults.inject(settings.test_fault, "store")
     junit = result.outcome.junit_path
     if junit is not None and junit.is_file():
         packed = gzip.compress(junit.read_bytes())

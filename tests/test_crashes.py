@@ -1,0 +1,141 @@
+"""Whatever raises on a GPU host's run path ends the run: its GPUs released, its Check Run
+completed as failure ("gpuci error on HOST: <exception>") with the log so far, `gpuci runs`
+showing it; and a `gpuci worker` told to stop (SIGTERM) stops within its unit's grace.
+
+The faults are injected with the explicit, test-only GPUCI_TEST_FAULT setting (workers/faults.py)
+at each step: sources, setup, preflight, pytest start, result parsing, result storing."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from bot import runs
+from bot.cli import main as gpuci
+from bot.reporting import REPORTS_QUEUE
+from bot.runs import RunState, load_result
+from contract import keys, leases
+from contract.settings import FAULT_STEPS, Settings, SettingsError
+from tests.conftest import Stack
+from tests.test_deploy_files import ROOT, unit
+from tests.test_e2e import (  # noqa: F401  (loop is a fixture)
+    AUTO,
+    HOST,
+    loop,
+    register_host,
+    schedule,
+    start_worker,
+    state_of,
+    wait_for,
+)
+
+# Steps after which the run's own log has something in it (setup ran).
+LOGGED_BY = {"preflight", "pytest", "results", "store"}
+
+
+def crash_run(stack: Stack) -> dict[str, runs.Run]:
+    """A trusted PR's layer-2 batches, through the host in this process; its runs by batch."""
+    pr = stack.open_pr("maya", "faster-optimizer", repo="acme/sample")
+    stack.process()
+    register_host(stack.redis)
+    assert len(schedule(stack).dispatched) == len(AUTO)
+    stack.work_host()
+    stack.process(REPORTS_QUEUE)
+    found = runs.runs_of_pr(stack.redis, "acme/sample", pr["number"])
+    return {run.batch: run for run in found}
+
+
+@pytest.mark.parametrize("step", FAULT_STEPS)
+def test_a_crash_at_any_step_fails_the_run_visibly(
+    loop: Stack,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    step: str,
+) -> None:
+    monkeypatch.setenv("GPUCI_TEST_FAULT", step)
+    ended = crash_run(loop)
+    title = f"gpuci error on {HOST}: InjectedFault: injected fault at step {step!r}"
+    for batch in AUTO:
+        run = ended[batch]
+        assert run.state is RunState.COMPLETED, (batch, run.state)
+        assert run.conclusion == "failure"
+        assert run.title.startswith(title), run.title
+        check = loop.checks(run.sha)[f"gpuci / batch {batch}"]
+        assert check["status"] == "completed" and check["conclusion"] == "failure"
+        assert check["output"]["title"].startswith(title)
+        assert "not a test result" in check["output"]["summary"]
+        result = load_result(loop.redis, run.run_id)
+        assert result is not None and result["title"] == run.title
+        if step in LOGGED_BY:  # the log so far: setup ran before the fault
+            assert "setup: nothing to install" in result["log_tail"]
+            assert "## Log tail" in check["output"]["text"]
+            assert "setup: nothing to install" in check["output"]["text"]
+    gpus = [g for run in ended.values() for g in run.gpus]
+    assert gpus and all(v is None for v in leases.holders(loop.redis, HOST, range(8)).values())
+    assert not loop.redis.lrange(keys.host_taken(HOST), 0, -1)  # no ticket left behind
+    assert gpuci(["runs"]) == 0
+    listed = capsys.readouterr().out
+    assert listed.count(f"failure: {title}") == len(AUTO)
+
+
+def test_a_crash_in_a_real_workers_run_process_ends_the_run(
+    loop: Stack,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GPUCI_TEST_FAULT", "pytest")
+    pr = loop.open_pr("maya", "faster-optimizer", repo="acme/sample")
+    loop.process()
+    worker = start_worker()
+    try:
+        wait_for(lambda: bool(loop.redis.exists(keys.host_alive(HOST))))
+        assert len(schedule(loop).dispatched) == len(AUTO)
+        found = runs.runs_of_pr(loop.redis, "acme/sample", pr["number"])
+        for run in found:
+            wait_for(lambda run=run: state_of(loop, run.run_id) is RunState.COMPLETED)
+        assert worker.poll() is None  # the worker itself goes on
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+    for run in runs.runs_of_pr(loop.redis, "acme/sample", pr["number"]):
+        assert run.conclusion == "failure"
+        assert run.title.startswith(f"gpuci error on {HOST}: InjectedFault")
+
+
+def test_sigterm_stops_a_busy_worker_within_its_grace(loop: Stack) -> None:  # noqa: F811
+    """The unit gives the worker TimeoutStopSec before SIGKILL; it stops well within it, its
+    running batch stopped and re-queued."""
+    service = unit(ROOT / "deploy" / "systemd" / "gpuci-worker.service")
+    grace_s = float(service["Service"]["TimeoutStopSec"])
+    settings = Settings.from_env()
+    pr = loop.open_pr("maya", "slow-gpu", repo="acme/sample")  # batch 1 hangs for 2 minutes
+    loop.process()
+    worker = start_worker()
+    try:
+        wait_for(lambda: bool(loop.redis.exists(keys.host_alive(HOST))))
+        schedule(loop)
+        one = next(
+            r for r in runs.runs_of_pr(loop.redis, "acme/sample", pr["number"]) if r.batch == "1"
+        )
+        wait_for(lambda: state_of(loop, one.run_id) is RunState.RUNNING)
+        time.sleep(1)  # pytest is up
+        asked = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=grace_s)
+        took = time.monotonic() - asked
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    # the batch's kill grace, the cancel watcher's second and the reports, far inside the unit's
+    assert took < settings.kill_grace_s + 10 < grace_s, took
+    loop.process()
+    stopped = runs.get_run(loop.redis, one.run_id)
+    assert stopped is not None and stopped.state is RunState.PENDING
+    assert f"the worker on {HOST} was stopped while the batch ran" in stopped.wait_reason
+
+
+def test_an_unknown_fault_step_is_refused_at_start() -> None:
+    with pytest.raises(SettingsError, match="GPUCI_TEST_FAULT='pytset' is not one of sources"):
+        Settings.from_env({"GPUCI_TEST_FAULT": "pytset"}, dotenv=None)
