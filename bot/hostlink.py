@@ -25,6 +25,7 @@ from contract.checks import fenced, judge
 from contract.config import ConfigError, load_config
 from contract.hostlink import HOST_NAME, HostMessage, Kind, ProtocolError, Ticket
 from contract.leases import UNREACHABLE
+from contract.redis_errors import redis_problem
 from contract.results import ResultError, RunReport
 
 log = logging.getLogger("gpuci.hostlink")
@@ -317,7 +318,7 @@ class HostLinkPump(threading.Thread):
                 warned = False
             except UNREACHABLE as exc:
                 if not warned:
-                    log.warning("host messages: Redis unreachable (%s); retrying", exc)
+                    log.warning("host messages: Redis %s; retrying", redis_problem(exc))
                     warned = True
                 busy = 0
                 self.stopped.wait(1.0)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from contract.config import parse_duration, parse_size
 
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"  # what an unset REDIS_URL means
+
 
 class SettingsError(ValueError):
     """A setting is present but unusable; the message names the variable and what it expects."""
@@ -17,7 +19,7 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class Settings:
     # Redis for everything: queues, leases, runs, approvals.
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = DEFAULT_REDIS_URL
     # The GitHub App's webhook secret; `gpuci web` refuses to start without it.
     webhook_secret: str = ""
     # GitHub App id and the path of its PEM private key (events and scheduler processes only).

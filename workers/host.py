@@ -25,6 +25,7 @@ from contract.config import Batch, Config, ConfigError, Runtime, load_config
 from contract.hostlink import MAX_TEXT, HostMessage, Kind, ProtocolError, Ticket
 from contract.leases import UNREACHABLE
 from contract.redact import redact_text
+from contract.redis_errors import redis_problem
 from contract.roles import is_sha, role_from_api
 from contract.settings import Settings
 from workers import faults
@@ -108,9 +109,8 @@ class HostHeartbeat(threading.Thread):
             try:
                 publish_host(self.conn, self.settings, self.backend, self.slots, self.runtimes)
             except UNREACHABLE as exc:  # keep beating: a Redis restart must not kill the host
-                log.warning(
-                    "host heartbeat: Redis unreachable (%s), retrying in %g s", exc, HEARTBEAT_S
-                )
+                why = redis_problem(exc)
+                log.warning("host heartbeat: Redis %s, retrying in %g s", why, HEARTBEAT_S)
             except Exception as exc:
                 log.warning("host heartbeat failed: %s", exc)
             self.stopped.wait(HEARTBEAT_S)
@@ -135,9 +135,9 @@ def through_outage(what: str, step: Callable[[], T], patience_s: float = REDIS_P
             waited = time.monotonic() - started
             delay = REDIS_RETRY_S[min(attempt, len(REDIS_RETRY_S) - 1)]
             if waited + delay > patience_s:
-                log.error("%s: Redis unreachable for %.0f s (%s); giving up", what, waited, exc)
+                log.error("%s: Redis %s for %.0f s; giving up", what, redis_problem(exc), waited)
                 raise
-            log.warning("%s: Redis unreachable (%s), retrying in %g s", what, exc, delay)
+            log.warning("%s: Redis %s, retrying in %g s", what, redis_problem(exc), delay)
             time.sleep(delay)
             attempt += 1
 
@@ -225,7 +225,7 @@ class Host:
                 "LEFT",
             )
         except UNREACHABLE as exc:
-            log.warning("taking tickets: Redis unreachable (%s), retrying", exc)
+            log.warning("taking tickets: Redis %s, retrying", redis_problem(exc))
             time.sleep(REDIS_RETRY_S[-1])
             return None
         return raw
