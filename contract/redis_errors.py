@@ -63,7 +63,7 @@ class NamingRedis(Redis):
             raise NoPermissionError(f"for {command}{key}: {exc}") from exc
 
 
-def connect(url: str, **options: Any) -> NamingRedis:
+def connect(url: str, **options: Any) -> Redis:
     """A client for the command line's tools (`gpuci runs`, `gpuci gpus`, ...)."""
     return NamingRedis.from_url(url, **options)
 
