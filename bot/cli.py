@@ -114,7 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler.set_defaults(handler=cmd_scheduler)
 
     redeliver = sub.add_parser(
-        "redeliver", help="ask GitHub to send again the webhook deliveries gpuci missed"
+        "redeliver",
+        help="ask GitHub to send again the webhook deliveries gpuci missed",
+        description=(
+            "Ask GitHub to redeliver the App's webhook deliveries that failed (answered 5xx or "
+            "not at all: the web process down, Redis unreachable) since the last check. The "
+            "scheduler does this every minute by itself; run it by hand after the scheduler "
+            "was down too, with --since to look further back (GitHub keeps deliveries 3 days). "
+            "Needs the App key (run it on the bot host) and prints each redelivered GUID."
+        ),
     )
     redeliver.add_argument(
         "--since",
@@ -151,6 +159,7 @@ def cmd_web(args: argparse.Namespace, settings: Settings) -> int:
             "gpuci web: set GPUCI_WEBHOOK_SECRET (the GitHub App's webhook secret)", file=sys.stderr
         )
         return EXIT_UNUSABLE
+    _log_to_stderr(settings)
     server.run(lambda: create_app(settings), f"{args.bind}:{args.port}", args.workers)
     return EXIT_OK
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from contract.config import parse_duration, parse_size
+from contract.redact import redact_text
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"  # what an unset REDIS_URL means
 
@@ -45,7 +47,8 @@ class Settings:
     public_repos: str = ""
     # Repositories (same patterns) that are private even when GPUCI_PUBLIC_REPOS matches them.
     private_repos: str = ""
-    # Parent directory of the fresh per-run working directories.
+    # Parent directory of the fresh per-run working directories; empty:
+    # $XDG_CACHE_HOME/gpuci/runs (~/.cache/gpuci/runs without XDG_CACHE_HOME).
     work_dir: str = ""
     # A GPU counts as idle only with at most this much memory used (MiB)...
     idle_memory_mb: int = 256
@@ -105,6 +108,7 @@ class Settings:
             name = _env_name(field.name)
             if name not in env or env[name] == "":
                 continue
+            _refuse_pasted_comment(name, env[name])
             values[field.name] = _convert(name, env[name], field.default)
         settings = cls(**values)  # type: ignore[arg-type]
         _check_units(settings)
@@ -156,6 +160,24 @@ def _check_units(settings: Settings) -> None:
             raise SettingsError(f"{_env_name(name)}: {exc}") from None
 
 
+# A `#` at the start of a value or after whitespace: a comment pasted after the value, which
+# neither systemd's EnvironmentFile= nor the .env reader strips (both keep it in the value).
+_PASTED_COMMENT = re.compile(r"(^|\s)#")
+_SECRETS = ("GPUCI_WEBHOOK_SECRET", "GPUCI_DASHBOARD_TOKEN")
+
+
+def _refuse_pasted_comment(name: str, value: str) -> None:
+    if _PASTED_COMMENT.search(value):
+        shown = repr(redact_text(value if len(value) <= 60 else value[:57] + "..."))
+        if name in _SECRETS:
+            shown = "(the value is not shown)"
+        raise SettingsError(
+            f"{name}={shown} looks like a value with a comment after it: put the comment on "
+            "a line of its own (systemd's EnvironmentFile= and .env files keep everything after "
+            "'=' in the value)"
+        )
+
+
 def _env_name(field_name: str) -> str:
     return "REDIS_URL" if field_name == "redis_url" else "GPUCI_" + field_name.upper()
 
@@ -181,13 +203,14 @@ def _replace(settings: Settings, **changes: object) -> Settings:
 
 
 def _read_dotenv(path: Path) -> list[tuple[str, str]]:
-    """KEY=VALUE lines; blank lines and # comments ignored; surrounding quotes removed."""
+    """KEY=VALUE lines; blank lines and comments (lines starting with # or ;, as systemd's
+    EnvironmentFile= reads them) ignored; quotes around a whole value removed."""
     if not path.is_file():
         return []
     pairs = []
     for line in path.read_text().splitlines():
         line = line.strip()
-        if not line or line.startswith("#") or "=" not in line:
+        if not line or line.startswith(("#", ";")) or "=" not in line:
             continue
         key, _, value = line.partition("=")
         value = value.strip()
