@@ -402,11 +402,10 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     import os
     import signal
 
-    from redis import Redis
     from redis.exceptions import RedisError
 
     from contract.hostlink import ProtocolError, check_host_name
-    from contract.redis_errors import describe
+    from contract.redis_errors import connect, describe
     from workers.archive import ArchiveError, check_python
     from workers.cleanup import sweep_workdirs
     from workers.gpus import GpuBackendError, open_backend
@@ -429,7 +428,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         print(f"gpuci worker: WARNING: {warning}", file=sys.stderr)
     sweep_workdirs(Path(settings.work_dir), time.time())
     provides = setup.runtimes.provides()
-    conn = Redis.from_url(settings.redis_url)
+    conn = connect(settings.redis_url)
     worker = Host(conn, settings, slots)
     try:
         publish_host(conn, settings, backend, slots, provides)

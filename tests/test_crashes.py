@@ -7,8 +7,11 @@ at each step: sources, setup, preflight, pytest start, result parsing, result st
 
 from __future__ import annotations
 
+import os
 import signal
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,11 +20,15 @@ from bot.cli import main as gpuci
 from bot.reporting import REPORTS_QUEUE
 from bot.runs import RunState, load_result
 from contract import keys, leases
+from contract.acl import acl_file
+from contract.redis_errors import connect
 from contract.settings import FAULT_STEPS, Settings, SettingsError
 from tests.conftest import Stack
+from tests.redis_server import PrivateRedis, private_redis_server, stack_on
 from tests.test_deploy_files import ROOT, unit
 from tests.test_e2e import (  # noqa: F401  (loop is a fixture)
     AUTO,
+    E2E_WORLD,
     HOST,
     loop,
     register_host,
@@ -30,6 +37,8 @@ from tests.test_e2e import (  # noqa: F401  (loop is a fixture)
     state_of,
     wait_for,
 )
+from workers.gpus import open_backend
+from workers.host import publish_host, work_burst
 
 # Steps after which the run's own log has something in it (setup ran).
 LOGGED_BY = {"preflight", "pytest", "results", "store"}
@@ -139,3 +148,53 @@ def test_sigterm_stops_a_busy_worker_within_its_grace(loop: Stack) -> None:  # n
 def test_an_unknown_fault_step_is_refused_at_start() -> None:
     with pytest.raises(SettingsError, match="GPUCI_TEST_FAULT='pytset' is not one of sources"):
         Settings.from_env({"GPUCI_TEST_FAULT": "pytset"}, dotenv=None)
+
+
+# --- a real fault: a Redis that refuses the host's write --------------------------------------
+
+
+@pytest.fixture
+def refusing_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Stack, PrivateRedis]]:
+    """The e2e world on a redis-server with gpuci's ACL, except that the host's login may not
+    touch its JUnit upload keys (`gpuci:host:H:junit:*`): storing a result is refused."""
+    acl = acl_file([HOST]).replace(">CHANGE-ME-", ">")
+    own = f"~gpuci:host:{HOST}:*"
+    assert own in acl
+    aclfile = tmp_path / "gpuci-acl.conf"
+    aclfile.write_text(acl.replace(own, f"~gpuci:host:{HOST}:[^j]*"))
+    monkeypatch.setenv("GPUCI_HOST", HOST)
+    monkeypatch.setenv("GPUCI_GPU_BACKEND", "sim:8xH20-96GB")
+    monkeypatch.setenv("GPUCI_WORK_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("GPUCI_IDLE_SAMPLE_INTERVAL_S", "0")
+    with (
+        private_redis_server(tmp_path / "redis", aclfile=aclfile) as server,
+        stack_on(server, E2E_WORLD, tmp_path, monkeypatch) as (stack, _app),
+    ):
+        yield stack, server
+
+
+def test_a_result_the_redis_refuses_to_store_fails_the_run_saying_so(
+    refusing_stack: tuple[Stack, PrivateRedis],
+) -> None:
+    stack, server = refusing_stack
+    pr = stack.open_pr("maya", "faster-optimizer", repo="acme/sample")
+    stack.process()
+    login = server.url_as(f"gpuci-host-{HOST}", f"host-{HOST}-password")
+    settings = Settings.from_env({**os.environ, "REDIS_URL": login}, dotenv=None)
+    host = connect(login)  # as `gpuci worker` connects
+    publish_host(host, settings, open_backend(settings.gpu_backend), slots=4)
+    assert len(schedule(stack).dispatched) == len(AUTO)
+    assert work_burst(host, settings) == len(AUTO)
+    stack.process(REPORTS_QUEUE)
+    for run in runs.runs_of_pr(stack.redis, "acme/sample", pr["number"]):
+        assert run.state is RunState.COMPLETED and run.conclusion == "failure", run
+        refused = f"gpuci error on {HOST}: Redis permission denied: for SET on key "
+        assert run.title.startswith(refused + keys.host_junit(HOST, run.run_id)), run.title
+        check = stack.checks(run.sha)[f"gpuci / batch {run.batch}"]
+        assert check["conclusion"] == "failure"
+        assert check["output"]["title"] == run.title
+        assert "pytest" in check["output"]["text"]  # the run's log up to the refused write
+        assert f"host-{HOST}-password" not in check["output"]["text"] + run.title
+    assert all(v is None for v in leases.holders(stack.redis, HOST, range(8)).values())

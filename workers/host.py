@@ -19,13 +19,14 @@ from typing import Any, TypeVar
 
 import requests
 from redis import Redis
+from redis.exceptions import RedisError
 
 from contract import keys, leases
 from contract.config import Batch, Config, ConfigError, Runtime, load_config
 from contract.hostlink import MAX_TEXT, HostMessage, Kind, ProtocolError, Ticket
 from contract.leases import UNREACHABLE
 from contract.redact import redact_text
-from contract.redis_errors import redis_problem
+from contract.redis_errors import connect, redis_problem
 from contract.roles import is_sha, role_from_api
 from contract.settings import Settings
 from workers import faults
@@ -295,7 +296,7 @@ def main() -> int:
     raw = sys.stdin.buffer.read()  # a spare waits here, its imports done
     if not raw:
         return 0  # the worker is stopping: no ticket came
-    conn = Redis.from_url(settings.redis_url)
+    conn = connect(settings.redis_url)  # a refused command names its key
     signal.signal(signal.SIGTERM, lambda *_: SHUTDOWN.set())
     run_ticket(conn, settings, raw)
     return 0
@@ -323,34 +324,43 @@ def run_ticket(conn: Redis, settings: Settings, raw: bytes) -> str:
         log.error("refusing a ticket that is not one (%s)", exc)
         through_outage("drop a bad ticket", lambda: conn.lrem(keys.host_taken(host), 1, raw))  # type: ignore[arg-type]
         return f"bad ticket: {exc}"
+    told = True  # whether the bot heard how the run ended
     try:
         backend = open_backend(settings.gpu_backend) if ticket.gpu_indices else None
         return _execute(conn, settings, backend, ticket)
     except Exception as exc:  # whatever raises on the run path ends the run, visibly
-        return _crashed(conn, settings, ticket, exc)
+        told = _crashed(conn, settings, ticket, exc)
+        return f"run {ticket.run_id}: gpuci error: {exc}"
     finally:
         _release(conn, settings, ticket)
-        through_outage(
-            f"run={ticket.run_id} forget the ticket",
-            lambda: _forget(conn, host, ticket),
-        )
+        if told:  # else the ticket stays taken: the worker's next start reports the run lost
+            through_outage(
+                f"run={ticket.run_id} forget the ticket",
+                lambda: _forget(conn, host, ticket),
+            )
         sweep_workdirs(Path(settings.work_dir), time.time())
 
 
-def _crashed(conn: Redis, settings: Settings, ticket: Ticket, exc: Exception) -> str:
+def _crashed(conn: Redis, settings: Settings, ticket: Ticket, exc: Exception) -> bool:
     """gpuci's own code raised while it held the run: the bot hears it, with the run's log so
-    far, and fails the run ("gpuci error on HOST: ..."); the traceback goes to this log."""
+    far, and fails the run ("gpuci error on HOST: ..."); the traceback goes to this log.
+    Whether the bot could be told."""
     log.exception("run=%s repo=%s sha=%s gpuci error", ticket.run_id, ticket.repo, ticket.sha)
-    what = redact_text(f"{type(exc).__name__}: {exc}")[:MAX_TEXT]
+    if isinstance(exc, RedisError):  # "Redis permission denied: for SET on key ...", ...
+        what = f"Redis {redis_problem(exc)}"[:MAX_TEXT]
+    else:
+        what = redact_text(f"{type(exc).__name__}: {exc}")[:MAX_TEXT]
     tail = _log_tail_of(settings, ticket)
     message = HostMessage(
         Kind.ERROR, ticket.run_id, ticket.lease_owner, what, result={"log_tail": tail}
     )
     try:
         send(conn, settings.host, message)
-    except Exception as failed:  # Redis gone for good: the worker's next start re-queues it
-        log.error("run=%s the bot could not be told of the error: %s", ticket.run_id, failed)
-    return f"run {ticket.run_id}: gpuci error: {what}"
+    except Exception as failed:  # Redis gone for good, or refusing the message
+        why = redis_problem(failed) if isinstance(failed, RedisError) else repr(failed)
+        log.error("run=%s the bot could not be told of the error: %s", ticket.run_id, why)
+        return False
+    return True
 
 
 def _log_tail_of(settings: Settings, ticket: Ticket) -> str:
