@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from redis import Redis
 
 from bot import runs
 from bot.cli import main as gpuci
@@ -21,6 +22,7 @@ from bot.reporting import REPORTS_QUEUE
 from bot.runs import RunState, load_result
 from contract import keys, leases
 from contract.acl import acl_file
+from contract.hostlink import Ticket
 from contract.redis_errors import connect
 from contract.settings import FAULT_STEPS, Settings, SettingsError
 from tests.conftest import Stack
@@ -155,15 +157,17 @@ def test_an_unknown_fault_step_is_refused_at_start() -> None:
 
 @pytest.fixture
 def refusing_stack(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> Iterator[tuple[Stack, PrivateRedis]]:
     """The e2e world on a redis-server with gpuci's ACL, except that the host's login may not
-    touch its JUnit upload keys (`gpuci:host:H:junit:*`): storing a result is refused."""
+    touch some of its own keys: by default its JUnit uploads (`gpuci:host:H:junit:*`, so
+    storing a result is refused); `request.param` names the first letters refused."""
+    refused = getattr(request, "param", "j")
     acl = acl_file([HOST]).replace(">CHANGE-ME-", ">")
     own = f"~gpuci:host:{HOST}:*"
     assert own in acl
     aclfile = tmp_path / "gpuci-acl.conf"
-    aclfile.write_text(acl.replace(own, f"~gpuci:host:{HOST}:[^j]*"))
+    aclfile.write_text(acl.replace(own, f"~gpuci:host:{HOST}:[^{refused}]*"))
     monkeypatch.setenv("GPUCI_HOST", HOST)
     monkeypatch.setenv("GPUCI_GPU_BACKEND", "sim:8xH20-96GB")
     monkeypatch.setenv("GPUCI_WORK_DIR", str(tmp_path / "runs"))
@@ -175,17 +179,23 @@ def refusing_stack(
         yield stack, server
 
 
+def host_of(stack: Stack, server: PrivateRedis) -> tuple[Redis, Settings]:
+    """The host's login and settings, the host registered and the PR's runs dispatched."""
+    login = server.url_as(f"gpuci-host-{HOST}", f"host-{HOST}-password")
+    settings = Settings.from_env({**os.environ, "REDIS_URL": login}, dotenv=None)
+    host = connect(login)  # as `gpuci worker` connects
+    publish_host(host, settings, open_backend(settings.gpu_backend), slots=4)
+    assert len(schedule(stack).dispatched) == len(AUTO)
+    return host, settings
+
+
 def test_a_result_the_redis_refuses_to_store_fails_the_run_saying_so(
     refusing_stack: tuple[Stack, PrivateRedis],
 ) -> None:
     stack, server = refusing_stack
     pr = stack.open_pr("maya", "faster-optimizer", repo="acme/sample")
     stack.process()
-    login = server.url_as(f"gpuci-host-{HOST}", f"host-{HOST}-password")
-    settings = Settings.from_env({**os.environ, "REDIS_URL": login}, dotenv=None)
-    host = connect(login)  # as `gpuci worker` connects
-    publish_host(host, settings, open_backend(settings.gpu_backend), slots=4)
-    assert len(schedule(stack).dispatched) == len(AUTO)
+    host, settings = host_of(stack, server)
     assert work_burst(host, settings) == len(AUTO)
     stack.process(REPORTS_QUEUE)
     for run in runs.runs_of_pr(stack.redis, "acme/sample", pr["number"]):
@@ -197,4 +207,19 @@ def test_a_result_the_redis_refuses_to_store_fails_the_run_saying_so(
         assert check["output"]["title"] == run.title
         assert "pytest" in check["output"]["text"]  # the run's log up to the refused write
         assert f"host-{HOST}-password" not in check["output"]["text"] + run.title
+    assert all(v is None for v in leases.holders(stack.redis, HOST, range(8)).values())
+
+
+@pytest.mark.parametrize("refusing_stack", ["o"], indirect=True)  # the host's outbox
+def test_a_run_whose_error_cannot_be_told_keeps_its_ticket_for_the_next_start(
+    refusing_stack: tuple[Stack, PrivateRedis],
+) -> None:
+    stack, server = refusing_stack
+    pr = stack.open_pr("maya", "faster-optimizer", repo="acme/sample")
+    stack.process()
+    host, settings = host_of(stack, server)
+    assert work_burst(host, settings) == len(AUTO)  # each: "started" refused, the error too
+    taken = [Ticket.from_json(raw) for raw in host.lrange(keys.host_taken(HOST), 0, -1)]
+    dispatched = {r.run_id for r in runs.runs_of_pr(stack.redis, "acme/sample", pr["number"])}
+    assert {t.run_id for t in taken} == dispatched  # a restarted worker reports them lost
     assert all(v is None for v in leases.holders(stack.redis, HOST, range(8)).values())
