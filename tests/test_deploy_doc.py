@@ -319,3 +319,22 @@ def test_the_manifests_permissions_cover_replies_reactions_and_labels(
     assert reactions(manifest_stack, sent["id"]) == ["gpuci[bot]:eyes"]
     found = replies(manifest_stack, pr["number"])
     assert any("@tracy" in body for body in found) and any("/gpuci run" in b for b in found)
+
+
+def test_the_units_state_directories_are_the_ones_the_docs_create() -> None:
+    """The bot units work in /var/lib/gpuci-bot (the gpuci account's home, created in section
+    2), the worker in /var/lib/gpuci: one machine can run both without systemd handing one
+    unit's directory to the other's user."""
+    from tests.test_deploy_files import unit
+
+    text = DEPLOY.read_text()
+    for name in ("web", "events", "scheduler", "worker"):
+        service = unit(ROOT / "deploy" / "systemd" / f"gpuci-{name}.service")["Service"]
+        state = "gpuci" if name == "worker" else "gpuci-bot"
+        assert service["StateDirectory"] == state, name
+        assert service["WorkingDirectory"] == f"/var/lib/{state}", name
+    assert "useradd --system --home-dir /var/lib/gpuci-bot " in text
+    assert "install -d -o gpuci -g gpuci -m 0750 /var/lib/gpuci-bot" in text
+    # the key is installed for the gpuci group after the account exists, as github-app.md says
+    assert text.index("useradd --system") < text.index("install -o root -g gpuci -m 0640 app.pem")
+    assert "`0640`" in (DOCS / "github-app.md").read_text()
