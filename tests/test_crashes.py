@@ -223,3 +223,47 @@ def test_a_run_whose_error_cannot_be_told_keeps_its_ticket_for_the_next_start(
     dispatched = {r.run_id for r in runs.runs_of_pr(stack.redis, "acme/sample", pr["number"])}
     assert {t.run_id for t in taken} == dispatched  # a restarted worker reports them lost
     assert all(v is None for v in leases.holders(stack.redis, HOST, range(8)).values())
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:  # the field after the state
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_run_process_killed_mid_batch_fails_its_run_at_once(loop: Stack) -> None:  # noqa: F811
+    """Not an exception at all: the run's process is SIGKILLed (as the OOM killer would). The
+    worker sees it die and the run fails at once, naming how, its GPUs released."""
+    pr = loop.open_pr("maya", "slow-gpu", repo="acme/sample")  # batch 1 hangs for 2 minutes
+    loop.process()
+    worker = start_worker()
+    try:
+        wait_for(lambda: bool(loop.redis.exists(keys.host_alive(HOST))))
+        schedule(loop)
+        one = next(
+            r for r in runs.runs_of_pr(loop.redis, "acme/sample", pr["number"]) if r.batch == "1"
+        )
+        wait_for(lambda: state_of(loop, one.run_id) is RunState.RUNNING)
+        # the run processes are the worker's children that have children (the spare has none)
+        wait_for(lambda: any(children_of(c) for c in children_of(worker.pid)))
+        running = [c for c in children_of(worker.pid) if children_of(c)]
+        for pid in running:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: state_of(loop, one.run_id) is RunState.COMPLETED, timeout_s=20)
+        assert worker.poll() is None  # the worker goes on
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+    failed = runs.get_run(loop.redis, one.run_id)
+    assert failed is not None and failed.conclusion == "failure"
+    assert failed.title.startswith(f"gpuci error on {HOST}: RuntimeError: the run's process")
+    assert "died (killed by signal 9)" in failed.title
+    assert all(v is None for v in leases.holders(loop.redis, HOST, range(8)).values())
+    assert not loop.redis.lrange(keys.host_taken(HOST), 0, -1)

@@ -258,8 +258,41 @@ class Host:
 
     def _reap(self) -> None:
         for name, child in list(self.children.items()):
-            if child.poll() is not None:
-                del self.children[name]
+            code = child.poll()
+            if code is None:
+                continue
+            del self.children[name]
+            if code != 0 and not self.stopping.is_set():
+                self._run_process_died(name.partition(":")[0], code)
+
+    def _run_process_died(self, run_id: str, code: int) -> None:
+        """A run's process died without ending its run (killed, out of memory): the bot hears
+        it as a gpuci error, and its ticket is forgotten."""
+        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        log.error("run=%s its process died (%s)", run_id, how)
+        ticket = self._taken_ticket(run_id)
+        if ticket is None:  # it had ended its run and forgotten the ticket before dying
+            return
+        failure = RuntimeError(f"the run's process on {self.settings.host} died ({how})")
+        if _crashed(self.conn, self.settings, ticket, failure):
+            through_outage(
+                f"run={run_id} forget the ticket",
+                lambda: _forget(self.conn, self.settings.host, ticket),
+            )
+
+    def _taken_ticket(self, run_id: str) -> Ticket | None:
+        host = self.settings.host
+        taken = through_outage(
+            "read taken tickets", lambda: self.conn.lrange(keys.host_taken(host), 0, -1)
+        )
+        for raw in taken:
+            try:
+                ticket = Ticket.from_json(raw)
+            except ProtocolError:
+                continue
+            if ticket.run_id == run_id:
+                return ticket
+        return None
 
     def _retire_spare(self) -> None:
         """End the spare: an empty stdin tells it there is no ticket."""
@@ -345,7 +378,9 @@ def _crashed(conn: Redis, settings: Settings, ticket: Ticket, exc: Exception) ->
     """gpuci's own code raised while it held the run: the bot hears it, with the run's log so
     far, and fails the run ("gpuci error on HOST: ..."); the traceback goes to this log.
     Whether the bot could be told."""
-    log.exception("run=%s repo=%s sha=%s gpuci error", ticket.run_id, ticket.repo, ticket.sha)
+    log.error(
+        "run=%s repo=%s sha=%s gpuci error", ticket.run_id, ticket.repo, ticket.sha, exc_info=exc
+    )
     if isinstance(exc, RedisError):  # "Redis permission denied: for SET on key ...", ...
         what = f"Redis {redis_problem(exc)}"[:MAX_TEXT]
     else:
