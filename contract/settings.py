@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import re
 import socket
+import urllib.parse
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from contract.config import parse_duration, parse_size
-from contract.redact import redact_text
+from contract.redact import redact_text, redact_url
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"  # what an unset REDIS_URL means
 
@@ -148,6 +149,7 @@ def _check_units(settings: Settings) -> None:
             parse_size(getattr(settings, name))
         except ValueError as exc:
             raise SettingsError(f"{_env_name(name)}: {exc}") from None
+    _check_redis_url(settings.redis_url)
     if settings.test_fault and settings.test_fault not in FAULT_STEPS:
         steps = ", ".join(FAULT_STEPS)
         raise SettingsError(f"GPUCI_TEST_FAULT={settings.test_fault!r} is not one of {steps}")
@@ -176,6 +178,24 @@ def _refuse_pasted_comment(name: str, value: str) -> None:
             "a line of its own (systemd's EnvironmentFile= and .env files keep everything after "
             "'=' in the value)"
         )
+
+
+def _check_redis_url(url: str) -> None:
+    """A REDIS_URL redis-py would choke on (with a traceback) is refused, its password hidden."""
+    parts = urllib.parse.urlsplit(url)
+    problem = ""
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        problem = "it must start with redis://, rediss:// or unix://"
+    elif parts.scheme != "unix" and not re.fullmatch(r"/?[0-9]*", parts.path):
+        problem = f"its database {parts.path.lstrip('/')!r} is not a number"
+    else:
+        try:
+            parts.port  # noqa: B018  (parsing it is the check)
+        except ValueError:
+            problem = "its port is not a number"
+    if problem:
+        example = "redis://USER:PASSWORD@HOST:6379/0"
+        raise SettingsError(f"REDIS_URL={redact_url(url)!r}: {problem} (e.g. {example})")
 
 
 def _env_name(field_name: str) -> str:

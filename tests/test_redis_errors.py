@@ -112,3 +112,23 @@ def test_the_operator_login_troubleshoots_and_writes_nothing(server: PrivateRedi
         with pytest.raises(ResponseError, match=r"NOPERM|no permissions"):
             write()
     assert bot.get(keys.hosts()) == b"x"
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        (f"redis://gpuci-bot:{SECRET}@127.0.0.1:63o9/0", "its port is not a number"),
+        (f"http://gpuci-bot:{SECRET}@127.0.0.1:6379/0", "it must start with redis://"),
+        (f"redis://gpuci-bot:{SECRET}@127.0.0.1:6379/zero", "its database 'zero' is not a number"),
+    ],
+)
+def test_a_malformed_redis_url_is_refused_without_a_traceback_or_its_password(
+    url: str,
+    problem: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, err = runs_with(url, monkeypatch, capsys)
+    assert code == 2
+    assert f"REDIS_URL='{url.split('://')[0]}://[redacted]@" in err and problem in err
+    assert SECRET not in err and "Traceback" not in err
