@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -37,6 +39,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gpuci: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`gpuci summarize ... | head -1`): no traceback, and the exit
+        # status a command killed by SIGPIPE has, as `yes | head` gives. stdout is pointed at
+        # /dev/null so that the interpreter's last flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,6 +23,7 @@ from markupsafe import Markup, escape
 from redis import Redis
 
 from bot import runs
+from bot.leader import leader_view
 from bot.runs import Run, RunState, load_result
 from contract import keys, leases
 from contract.settings import Settings
@@ -483,6 +484,7 @@ def overview() -> ResponseReturnValue:
         recent=runs.list_runs(conn, limit=RECENT_RUNS),
         scheduler_alive=alive,
         scheduler_age=age,
+        leader=leader_view(conn, now),
         statuses=list(GpuStatus),
         visible=_visible,
         token_configured=bool(_settings().dashboard_token),

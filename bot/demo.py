@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,6 +22,7 @@ import requests
 from redis import Redis
 
 from bot.redis_local import RedisUnavailable, local_redis
+from contract.redact import redact_url
 from contract.settings import Settings
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -44,6 +47,7 @@ def say(message: str = "") -> None:
 
 def run_demo(settings: Settings, *, once: bool = True) -> int:
     """Start everything, play the story, then serve the dashboard until Ctrl-C (or exit)."""
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)  # `kill` stops the demo's processes too
     try:
         with local_redis(settings.redis_url) as url, running_system(_demo_url(url)) as system:
             say(
@@ -55,7 +59,11 @@ def run_demo(settings: Settings, *, once: bool = True) -> int:
                     "gpuci demo: WARNING: bubblewrap is not installed: the demo's test runs "
                     "are NOT sandboxed (apt-get install -y bubblewrap)\n"
                 )
-            Story(system).play()
+            try:
+                Story(system).play()
+            except StoryFailed as exc:
+                kept = _keep_logs(system.logs)
+                raise StoryFailed(f"{exc} (the logs are kept in {kept})") from None
             say(f"\nThe dashboard: {system.web_url}/")
             if not once:
                 _serve_until_interrupted()
@@ -65,12 +73,45 @@ def run_demo(settings: Settings, *, once: bool = True) -> int:
     except StoryFailed as exc:
         print(f"gpuci demo: {exc}", file=sys.stderr)
         return 1
+    except _Terminated:
+        print("gpuci demo: stopped by SIGTERM; so are its processes", file=sys.stderr)
+        return 128 + signal.SIGTERM
     say("demo finished; every process it started has stopped.")
     return 0
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised where the demo is so that its cleanup runs (like Ctrl-C's)."""
+
+
+def _stop_on_sigterm(_signum: int, _frame: object) -> None:
+    raise _Terminated
+
+
 def _demo_url(url: str) -> str:
     return url.rsplit("/", 1)[0] + f"/{DEMO_DB}"
+
+
+def _keep_logs(logs: Path) -> Path:
+    """A copy of the processes' logs that outlives the demo's temporary directory."""
+    kept = Path(tempfile.mkdtemp(prefix="gpuci-demo-logs-"))
+    for log in logs.glob("*.log"):
+        shutil.copy(log, kept / log.name)
+    return kept
+
+
+@contextlib.contextmanager
+def _only_demo_on(redis_url: str) -> Iterator[None]:
+    """One demo at a time per Redis database on this machine: two would share (and flush)
+    database 9 and take each other's GPU tickets. A second one waits, saying why."""
+    name = re.sub(r"[^A-Za-z0-9]+", "-", redact_url(redis_url)).strip("-")
+    with open(Path(tempfile.gettempdir(), f"gpuci-demo-{name}.lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"gpuci demo: another demo is using {redact_url(redis_url)}; waiting for it to end")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _serve_until_interrupted() -> None:
@@ -112,8 +153,8 @@ def running_system(redis_url: str) -> Iterator[System]:
     from fakehub.testing import running, serving
     from fakehub.world import load_world
 
-    Redis.from_url(redis_url).flushdb()
-    with tempfile.TemporaryDirectory(prefix="gpuci-demo-") as tmp:
+    with _only_demo_on(redis_url), tempfile.TemporaryDirectory(prefix="gpuci-demo-") as tmp:
+        Redis.from_url(redis_url).flushdb()
         work = Path(tmp)
         world = load_world(WORLD, key_path=work / "app.pem")
         # the demo's repository is public: the dashboard shows its results without a token

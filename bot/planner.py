@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import IntEnum
+from typing import Any
 
 from contract.config import Batch, HostGpu, format_size, gpu_matches, natural_sort, why_unrunnable
 
@@ -136,13 +138,18 @@ def plan(pending: Sequence[PendingRun], hosts: Sequence[HostView], now: float) -
        idle would not make another user's process leave sooner; once they are free, the run
        waits at most for our runs then holding the rest.
     5. Every run that does not start gets a `Wait` naming what it waits for.
+
+    A round costs about runs + hosts x batch shapes, not runs x hosts: constraints are matched
+    once per shape and GPU model, hosts are kept ranked by free matching GPUs, and what depends
+    only on a run's shape (whether any host could run it, which runtime no host provides) is
+    worked out once per shape.
     """
-    board = _Board([h for h in hosts if h.alive], now)
-    inventory = {h.name: [slot.gpu for slot in h.gpus] for h in hosts}
+    fleet = _Fleet(hosts)
+    board = _Board([h for h in hosts if h.alive], now, fleet.matcher)
     result = Plan()
     waiting: list[tuple[PendingRun, str]] = []
     for run in sorted(pending, key=run_order):
-        unrunnable = why_unrunnable(run.batch, inventory) if inventory else None
+        unrunnable = fleet.why_unrunnable(run.batch)
         if unrunnable:
             result.unrunnable[run.run_id] = unrunnable
             continue
@@ -152,7 +159,7 @@ def plan(pending: Sequence[PendingRun], hosts: Sequence[HostView], now: float) -
             continue
         if result.reservation is None:
             result.reservation = board.reserve(run)
-        waiting.append((run, _wait_reason(run, board, result.reservation, hosts)))
+        waiting.append((run, _wait_reason(run, board, result.reservation, fleet)))
     result.waiting = {
         run.run_id: Wait(reason, position)
         for position, (run, reason) in enumerate(waiting, start=1)
@@ -160,22 +167,147 @@ def plan(pending: Sequence[PendingRun], hosts: Sequence[HostView], now: float) -
     return result
 
 
-class _Board:
-    """The alive hosts' GPUs during one plan: which are free now, and when the others free up."""
+Shape = tuple[str | None, int | None, tuple[int, int] | None]  # a batch's per-GPU constraints
 
-    def __init__(self, hosts: Sequence[HostView], now: float):
+
+def _shape(batch: Batch) -> Shape:
+    return batch.gpu_model, batch.min_memory_mb, batch.min_compute_capability
+
+
+class _Matcher:
+    """`gpu_matches`, asked once per batch shape and GPU model."""
+
+    def __init__(self) -> None:
+        self.known: dict[tuple[Shape, HostGpu], bool] = {}
+
+    def __call__(self, batch: Batch, gpu: HostGpu) -> bool:
+        key = (_shape(batch), gpu)
+        found = self.known.get(key)
+        if found is None:
+            found = self.known[key] = gpu_matches(batch, gpu)
+        return found
+
+
+class _Fleet:
+    """Every known host, alive or not, for what depends only on a run's batch or runtime."""
+
+    def __init__(self, hosts: Sequence[HostView]):
+        self.hosts = hosts
+        self.matcher = _Matcher()
+        self.memo: dict[tuple[Any, ...], str] = {}
+        self.gpus = {h.name: tuple(slot.gpu for slot in h.gpus) for h in hosts}
+        # Hosts with the same GPUs decide `why_unrunnable` alike: the first by name stands for
+        # them all, since that function takes the first best host in natural order.
+        models: dict[tuple[HostGpu, ...], str] = {}
+        for name in natural_sort(h.name for h in hosts):
+            models.setdefault(self.gpus[name], name)
+        self.inventory = {name: list(gpus) for gpus, name in models.items()}
+
+    def why_unrunnable(self, batch: Batch) -> str | None:
+        if not self.inventory:
+            return None
+        key = ("unrunnable", batch.name, batch.gpus, _shape(batch))
+        if key not in self.memo:
+            self.memo[key] = why_unrunnable(batch, self.inventory) or ""
+        return self.memo[key] or None
+
+    def runtime_wait(self, run: PendingRun) -> str:
+        key = ("runtime", run.needs, run.runtime)
+        if key not in self.memo:
+            self.memo[key] = _runtime_wait(run, self.hosts)
+        return self.memo[key]
+
+    def only_down_hosts_can_run(self, batch: Batch) -> str:
+        """The hosts that are not alive, when only they could run the batch; else empty."""
+        key = ("down", batch.gpus, _shape(batch))
+        if key not in self.memo:
+            able = [h for h in self.hosts if self._could_run(batch, h)]
+            self.memo[key] = (
+                ""
+                if any(h.alive for h in able)
+                else " or ".join(natural_sort(h.name for h in able if not h.alive))
+            )
+        return self.memo[key]
+
+    def _could_run(self, batch: Batch, host: HostView) -> bool:
+        gpus = self.gpus[host.name]
+        return batch.gpus == 0 or sum(self.matcher(batch, g) for g in gpus) >= batch.gpus
+
+
+class _Ranking:
+    """Hosts by a count (their free matching GPUs), ties broken by a sort key."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, list[tuple[tuple[int, ...], str]]] = {}
+        self.entries: dict[str, tuple[int, tuple[tuple[int, ...], str]]] = {}
+
+    def put(self, host: str, count: int, tie: tuple[int, ...]) -> None:
+        self.drop(host)
+        entry = (tie, host)
+        bisect.insort(self.buckets.setdefault(count, []), entry)
+        self.entries[host] = (count, entry)
+
+    def drop(self, host: str) -> None:
+        old = self.entries.pop(host, None)
+        if old is not None:
+            bucket = self.buckets[old[0]]
+            del bucket[bisect.bisect_left(bucket, old[1])]
+
+    def lowest(self, at_least: int, skip: str | None) -> tuple[int, tuple[int, ...], str] | None:
+        """The host with the lowest count >= `at_least`, then the lowest tie; not `skip`."""
+        for count in sorted(c for c in self.buckets if c >= at_least):
+            for tie, host in self.buckets[count][:2]:
+                if host != skip:
+                    return count, tie, host
+        return None
+
+    def highest(self) -> tuple[int, str] | None:
+        """The highest count and its host with the lowest tie."""
+        counts = [c for c, bucket in self.buckets.items() if bucket]
+        if not counts:
+            return None
+        top = max(counts)
+        return top, self.buckets[top][0][1]
+
+
+class _Board:
+    """The alive hosts' GPUs during one plan: which are free now, and when the others free up.
+
+    Rankings of hosts by free matching GPUs, one per batch shape (and runtime, for the hosts
+    that take runs), are built when a shape is first asked about and kept up to date as runs
+    take GPUs, so finding the best fit does not look at every host.
+    """
+
+    def __init__(self, hosts: Sequence[HostView], now: float, matcher: _Matcher):
         self.now = now
         self.names = natural_sort(h.name for h in hosts)
+        self.rank = {name: i for i, name in enumerate(self.names)}
         self.slots = {h.name: {slot.index: slot.gpu for slot in h.gpus} for h in hosts}
         self.free = {h.name: set(h.idle) & set(self.slots[h.name]) for h in hosts}
         self.ends = {h.name: _known_ends(h) for h in hosts}
         self.slots_left = {h.name: h.free_slots for h in hosts}
         self.provides = {h.name: h.provides for h in hosts}
         self.refusing = {h.name: h.refusing for h in hosts}
+        self.matcher = matcher
+        self._matching: dict[tuple[Shape, str], list[int]] = {}
+        self._takers: dict[tuple[Shape, str], _Ranking] = {}  # (shape, runtime) -> hosts
+        self._idle: dict[Shape, _Ranking] = {}
+        self._unforeseeable: set[tuple[Shape, int]] = set()
 
     def matching(self, host: str, batch: Batch) -> list[int]:
         """Indices of the host's GPUs that meet the batch's constraints."""
-        return sorted(i for i, gpu in self.slots[host].items() if gpu_matches(batch, gpu))
+        key = (_shape(batch), host)
+        found = self._matching.get(key)
+        if found is None:
+            slots = self.slots[host]
+            found = self._matching[key] = sorted(
+                i for i, gpu in slots.items() if self.matcher(batch, gpu)
+            )
+        return found
+
+    def free_matching(self, host: str, batch: Batch) -> int:
+        free = self.free[host]
+        return sum(i in free for i in self.matching(host, batch))
 
     def takes(self, host: str, run: PendingRun) -> bool:
         """Whether the host can start the run at all now: a free run slot, room on its disk,
@@ -196,13 +328,25 @@ class _Board:
         return sorted(allowed, key=lambda i: (i in held, i))
 
     def best_fit(self, run: PendingRun, hold: Reservation | None) -> tuple[str, list[int]] | None:
-        """The host leaving the fewest usable, then fewest free GPUs over, and its usable GPUs."""
-        fits = [
-            (h, u)
-            for h in self.names
-            if self.takes(h, run) and len(u := self.usable(h, run, hold)) >= run.batch.gpus
-        ]
-        return min(fits, key=lambda f: (len(f[1]), len(self.free[f[0]])), default=None)
+        """The host leaving the fewest usable, then fewest free GPUs over, and its usable GPUs.
+
+        Only the reservation's host can offer fewer usable GPUs than its ranking says (to a
+        run that may not borrow them), so it alone is looked at apart from the ranking."""
+        need = run.batch.gpus
+        barred = hold.host if hold and self.now + run.expected_s > hold.start_at else None
+        fits = []
+        ranked = self._takers_of(run).lowest(need, skip=barred)
+        if ranked is not None:
+            count, tie, host = ranked
+            fits.append(((count, *tie), host))
+        if barred is not None and self.takes(barred, run):
+            usable = self.usable(barred, run, hold)
+            if len(usable) >= need:
+                fits.append(((len(usable), len(self.free[barred]), self.rank[barred]), barred))
+        if not fits:
+            return None
+        host = min(fits)[1]
+        return host, self.usable(host, run, hold)
 
     def place(self, run: PendingRun, hold: Reservation | None) -> Assignment | None:
         """Assign the run on its best-fit host now, taking its GPUs off the board; or None."""
@@ -216,15 +360,63 @@ class _Board:
         left = self.slots_left[host]
         if left is not None:
             self.slots_left[host] = left - 1
+        self._rerank(host)
         return Assignment(run.run_id, host, chosen)
+
+    def _takers_of(self, run: PendingRun) -> _Ranking:
+        """The hosts that take runs needing the run's runtime, by free GPUs of its shape."""
+        key = (_shape(run.batch), run.needs)
+        ranking = self._takers.get(key)
+        if ranking is None:
+            ranking = self._takers[key] = _Ranking()
+            for host in self.names:
+                if self.takes(host, run):
+                    ranking.put(host, self.free_matching(host, run.batch), self._tie(host))
+        return ranking
+
+    def _idle_of(self, batch: Batch) -> _Ranking:
+        """Every alive host by free GPUs of the batch's shape, ties by name."""
+        ranking = self._idle.get(_shape(batch))
+        if ranking is None:
+            ranking = self._idle[_shape(batch)] = _Ranking()
+            for host in self.names:
+                ranking.put(host, self.free_matching(host, batch), (self.rank[host],))
+        return ranking
+
+    def _tie(self, host: str) -> tuple[int, int]:
+        return len(self.free[host]), self.rank[host]
+
+    def _rerank(self, host: str) -> None:
+        """Move the host in every ranking after a run took some of its GPUs."""
+        for (shape, _), ranking in self._takers.items():
+            if host not in ranking.entries:
+                continue
+            if self.slots_left[host] == 0:
+                ranking.drop(host)
+            else:
+                ranking.put(host, self._free_of_shape(host, shape), self._tie(host))
+        for shape, ranking in self._idle.items():
+            ranking.put(host, self._free_of_shape(host, shape), (self.rank[host],))
+
+    def _free_of_shape(self, host: str, shape: Shape) -> int:
+        free = self.free[host]
+        return sum(i in free for i in self._matching[(shape, host)])
 
     def reserve(self, run: PendingRun) -> Reservation | None:
         """The run's earliest foreseeable start: host, GPUs and time; None if unknown.
 
         Ties go to the host where the reservation keeps the fewest idle GPUs from backfill.
+        Which GPUs have a known free time does not change during a plan (a run placed takes
+        free GPUs and gives them a known end), so a shape found unforeseeable stays so.
         """
+        key = (_shape(run.batch), run.batch.gpus)
+        if key in self._unforeseeable:
+            return None
         options = [r for h in self.names if (r := self._reservation_on(h, run))]
-        return min(options, key=lambda r: r[0])[1] if options else None
+        if not options:
+            self._unforeseeable.add(key)
+            return None
+        return min(options, key=lambda r: r[0])[1]
 
     def _reservation_on(
         self, host: str, run: PendingRun
@@ -253,9 +445,8 @@ class _Board:
         return None if end is None else max(self.now, end)
 
     def largest_idle(self, batch: Batch) -> tuple[int, str]:
-        """The most free GPUs matching the batch on one host, and that host."""
-        counts = [(sum(i in self.free[h] for i in self.matching(h, batch)), h) for h in self.names]
-        return max(counts, key=lambda c: c[0], default=(0, ""))
+        """The most free GPUs matching the batch on one host, and that host (first by name)."""
+        return self._idle_of(batch).highest() or (0, "")
 
 
 def _known_ends(host: HostView) -> dict[int, float]:
@@ -271,17 +462,15 @@ def _known_ends(host: HostView) -> dict[int, float]:
 # --- why a run waits ---------------------------------------------------------------------------
 
 
-def _wait_reason(
-    run: PendingRun, board: _Board, hold: Reservation | None, hosts: Sequence[HostView]
-) -> str:
+def _wait_reason(run: PendingRun, board: _Board, hold: Reservation | None, fleet: _Fleet) -> str:
     """Why the run waits, stable while the situation is: times are whole minutes."""
     need = _need(run.batch)
     if not board.names:
         return "no GPU host is alive"
-    unprovided = _runtime_wait(run, hosts)
+    unprovided = fleet.runtime_wait(run)
     if unprovided:
         return unprovided
-    down = _only_down_hosts_can_run(run.batch, hosts)
+    down = fleet.only_down_hosts_can_run(run.batch)
     if down:
         return f"waiting for {need}: only {down} can run it, and it is not alive"
     if hold and hold.run_id == run.run_id:
@@ -307,17 +496,6 @@ def _runtime_wait(run: PendingRun, hosts: Sequence[HostView]) -> str:
     if all(h.refusing for h in having):
         return "waiting: " + "; ".join(f"{h.name} takes no runs: {h.refusing}" for h in having)
     return ""
-
-
-def _only_down_hosts_can_run(batch: Batch, hosts: Sequence[HostView]) -> str:
-    """The hosts that are not alive, when only they could run the batch; else empty."""
-    if any(h.alive and _could_run(batch, h) for h in hosts):
-        return ""
-    return " or ".join(natural_sort(h.name for h in hosts if not h.alive and _could_run(batch, h)))
-
-
-def _could_run(batch: Batch, host: HostView) -> bool:
-    return why_unrunnable(batch, {host.name: [slot.gpu for slot in host.gpus]}) is None
 
 
 def _need(batch: Batch) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from redis import Redis
 from rq import Queue, Retry
 
@@ -16,3 +18,16 @@ def report(conn: Redis, run_id: str) -> None:
     Queue(REPORTS_QUEUE, connection=conn).enqueue(
         REPORT_JOB, run_id, job_timeout=120, retry=Retry(max=6, interval=REPORT_RETRY_S)
     )
+
+
+def report_many(conn: Redis, run_ids: Iterable[str]) -> None:
+    """`report` for many runs, queued in one round trip."""
+    queue = Queue(REPORTS_QUEUE, connection=conn)
+    jobs = [
+        Queue.prepare_data(
+            REPORT_JOB, (run_id,), timeout=120, retry=Retry(max=6, interval=REPORT_RETRY_S)
+        )
+        for run_id in run_ids
+    ]
+    if jobs:
+        queue.enqueue_many(jobs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from typing import Any
@@ -238,6 +238,13 @@ def transition(conn: Redis, run_id: str, allowed: set[RunState], **changes: Any)
                 continue
 
 
+def changed_fields(run: Run, **changes: Any) -> dict[str, str]:
+    """The hash fields `transition` would write for `changes`, `updated_at` included, for a
+    write that must be made in one script with others (bot/leader.py's dispatch)."""
+    encoded = _encode(replace(run, **changes, updated_at=time.time()))
+    return {k: encoded[k] for k in (*changes, "updated_at")}
+
+
 def finish_run(conn: Redis, run: Run, *, conclusion: str, title: str) -> Run:
     """A run is over: completed with its conclusion, or kept cancelled if it was cancelled."""
     active = ACTIVE | {RunState.COMPLETED}
@@ -296,6 +303,46 @@ def durations(conn: Redis, repo: str, batch: str) -> list[float]:
     return [float(_text(v)) for v in conn.lrange(keys.durations(repo, batch), 0, -1)]
 
 
+def durations_of(
+    conn: Redis, batches: Iterable[tuple[str, str]]
+) -> dict[tuple[str, str], list[float]]:
+    """(repo, batch) -> its recorded durations, for many batches in one round trip."""
+    wanted = sorted(set(batches))
+    pipe = conn.pipeline(transaction=False)
+    for repo, batch in wanted:
+        pipe.lrange(keys.durations(repo, batch), 0, -1)
+    found = pipe.execute() if wanted else []
+    return {k: [float(_text(v)) for v in values] for k, values in zip(wanted, found, strict=True)}
+
+
+# KEYS: run hashes. ARGV: updated_at, then one wait reason per run. Set each run's reason only
+# if it is still pending; returns 1 or 0 per run.
+_SET_WAITS = """
+local written = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('HGET', key, 'state') == 'pending' then
+    redis.call('HSET', key, 'wait_reason', ARGV[i + 1], 'updated_at', ARGV[1])
+    written[i] = 1
+  else
+    written[i] = 0
+  end
+end
+return written
+"""
+
+
+def set_wait_reasons(conn: Redis, reasons: Mapping[str, str]) -> list[str]:
+    """Store the wait reasons of runs still pending, all in one step; the run ids written."""
+    ids = list(reasons)
+    if not ids:
+        return []
+    now = str(time.time())
+    flags = conn.eval(
+        _SET_WAITS, len(ids), *(keys.run(i) for i in ids), now, *(reasons[i] for i in ids)
+    )
+    return [run_id for run_id, flag in zip(ids, flags, strict=True) if flag]
+
+
 def mark_pending(
     conn: Redis,
     run: Run,
@@ -334,8 +381,55 @@ def mark_awaiting(conn: Redis, run: Run, reason: str) -> Run:
 
 
 def _runs(conn: Redis, run_ids: Iterable[Any]) -> list[Run]:
-    found = (get_run(conn, _text(i)) for i in run_ids)
-    return [r for r in found if r is not None]
+    """The runs that exist among `run_ids`, read in one round trip."""
+    ids = [_text(i) for i in run_ids]
+    if not ids:
+        return []
+    pipe = conn.pipeline(transaction=False)
+    for run_id in ids:
+        pipe.hgetall(keys.run(run_id))
+    return [_decode(raw) for raw in pipe.execute() if raw]
+
+
+def get_runs(conn: Redis, run_ids: Iterable[str]) -> list[Run]:
+    """The runs that exist among `run_ids`, in one round trip."""
+    return _runs(conn, run_ids)
+
+
+class RunCache:
+    """Runs as last read, re-read only when their `updated_at` changed: every write to a run
+    (create_run, transition and the scripts here and in bot/leader.py) sets it. A process that
+    reads the same thousands of runs every few seconds (the scheduler) then reads one field of
+    each instead of the whole hash."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, Run] = {}
+        self.stamps: dict[str, bytes] = {}
+
+    def get_runs(self, conn: Redis, run_ids: Iterable[str]) -> list[Run]:
+        """The runs that exist among `run_ids`, in order, in two round trips; runs not asked
+        for are forgotten."""
+        ids = list(dict.fromkeys(run_ids))
+        pipe = conn.pipeline(transaction=False)
+        for run_id in ids:
+            pipe.hget(keys.run(run_id), "updated_at")
+        stamps = dict(zip(ids, pipe.execute() if ids else [], strict=True))
+        stale = [i for i in ids if stamps[i] is not None and self.stamps.get(i) != stamps[i]]
+        fresh = dict(zip(stale, _runs_or_none(conn, stale), strict=True))
+        found: dict[str, Run] = {}
+        for run_id in ids:
+            run = fresh[run_id] if run_id in fresh else self.runs.get(run_id)
+            if stamps[run_id] is not None and run is not None:
+                found[run_id] = run
+        self.runs, self.stamps = found, {i: stamps[i] for i in found}
+        return list(found.values())
+
+
+def _runs_or_none(conn: Redis, run_ids: list[str]) -> list[Run | None]:
+    pipe = conn.pipeline(transaction=False)
+    for run_id in run_ids:
+        pipe.hgetall(keys.run(run_id))
+    return [_decode(raw) if raw else None for raw in (pipe.execute() if run_ids else [])]
 
 
 def runs_of_pr(conn: Redis, repo: str, number: int) -> list[Run]:

@@ -11,6 +11,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from bot import dashboard
+from bot.leader import leader_view
 from contract.redis_errors import redis_problem
 from contract.settings import Settings
 
@@ -35,8 +36,10 @@ def healthz() -> ResponseReturnValue:
 
 
 def health(conn: Redis, now: float) -> dict[str, Any]:
-    """The scheduler's and each host's heartbeat, and what is degraded in words."""
+    """The scheduler's and each host's heartbeat, which scheduler leads, and what is degraded
+    in words."""
     alive, age = dashboard.scheduler_heartbeat(conn, now)
+    lead = leader_view(conn, now)
     hosts = dashboard.read_hosts(conn, now)
     degraded = [] if alive else ["scheduler: not heartbeating (pending runs are not assigned)"]
     if not hosts:
@@ -48,6 +51,12 @@ def health(conn: Redis, now: float) -> dict[str, Any]:
     return {
         "status": "degraded" if degraded else "ok",
         "scheduler": {"alive": alive, "heartbeat_age_s": _rounded(age)},
+        "leader": {
+            "scheduler": lead.leader or None,
+            "term": lead.term,
+            "lock_expires_in_s": _rounded(lead.expires_in_s),
+            "standby": list(lead.standby),
+        },
         "hosts": {
             h.name: {"alive": h.alive, "heartbeat_age_s": _rounded(h.heartbeat_age_s)}
             for h in hosts

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from contract.results import Failure, GpuInfo, RunReport, Summary, count_line
+from contract.results import Failure, GpuInfo, RunReport, Summary, count_line, repo_path
 
 MAX_BYTES = 65535  # GitHub's limit on a Check Run's summary and text
 ANNOTATIONS_PER_REQUEST = 50
@@ -53,13 +53,14 @@ def conclude(
     error: str | None = None,
 ) -> tuple[Conclusion, str]:
     """The verdict and its title; a batch where nothing passed is not validated, never green."""
-    counts = count_line(summary)
+    counts = count_line(summary) + _running_suffix(summary)
     if cancelled:
-        return Conclusion.CANCELLED, f"Cancelled: {counts}"
+        return Conclusion.CANCELLED, _short(f"Cancelled: {counts}")
     if timed_out:
-        return Conclusion.TIMED_OUT, f"Timed out: {counts}"
+        return Conclusion.TIMED_OUT, _short(f"Timed out: {counts}")
     if error:
-        return Conclusion.FAILURE, _short(error.strip().splitlines()[0])
+        completed = f"; completed: {counts}" if summary.tests or summary.running else ""
+        return Conclusion.FAILURE, _short(error.strip().splitlines()[0] + completed)
     if summary.failed or summary.errors:
         return Conclusion.FAILURE, _short(counts + _xpass_suffix(summary))
     if not summary.passed and not summary.xpassed:
@@ -69,6 +70,14 @@ def conclude(
             f"0 passed, {counts}" if summary.tests else counts
         )
     return Conclusion.SUCCESS, _short(counts + _xpass_suffix(summary))
+
+
+def _running_suffix(summary: Summary) -> str:
+    """ "; running: tests/test_x.py::test_3" for the tests a stopped run was in."""
+    if not summary.running:
+        return ""
+    more = len(summary.running) - 1
+    return f"; running: {summary.running[0]}" + (f" and {more} more" if more else "")
 
 
 def xpass_notice(count: int) -> str:
@@ -104,6 +113,8 @@ def render_check_output(
         [
             f"## gpuci / batch {inline(batch)}: {inline(title)}\n",
             _counts_table(summary),
+            _subtests_line(summary),
+            _running_section(summary),
             _xpass_section(summary),
             _notes_section(notes),
             _skips_section(summary),
@@ -182,6 +193,26 @@ def _counts_table(s: Summary) -> str:
     header = ["tests", "passed", "failed", "errors", "skipped", "xfailed", "xpassed", "reruns"]
     values = [s.tests, s.passed, s.failed, s.errors, s.skipped, s.xfailed, s.xpassed, s.reruns]
     return _table([*header, "duration"], [[*map(str, values), _duration(s.duration_s)]], "--:")
+
+
+def _subtests_line(s: Summary) -> str:
+    """pytest's way: subtests beside the tests, their failures and skips in the counts."""
+    counts = [(s.subtests_passed, "passed"), (s.subtests_failed, "failed")]
+    counts.append((s.subtests_skipped, "skipped"))
+    said = ", ".join(f"{n} {word}" for n, word in counts if n)
+    if not said:
+        return ""
+    return (
+        f"Subtests: {said}. A failed subtest counts as failed and a skipped one as skipped,"
+        " as in pytest's summary line; the tests column counts tests.\n"
+    )
+
+
+def _running_section(s: Summary) -> str:
+    if not s.running:
+        return ""
+    rows = "".join(f"- {inline(test)}\n" for test in s.running)
+    return f"### Running when the run stopped ({len(s.running)})\n\n{rows}"
 
 
 def _duration(seconds: float) -> str:
@@ -264,9 +295,8 @@ def _failure_sections(s: Summary) -> list[str]:
         f"## Failures ({len(shown)} of {total} shown)\n" if total > len(shown) else "## Failures\n"
     ]
     for failure in shown:
-        where = (
-            f" at {inline(failure.file)}:{failure.line}" if failure.file and failure.line else ""
-        )
+        file = repo_path(failure.file)
+        where = f" at {inline(file)}:{failure.line}" if file and failure.line else ""
         sections.append(f"### {failure.kind.upper()} {inline(failure.test_id)}{where}\n")
         sections.append(fenced(failure.text or failure.message, "text"))
     return sections
@@ -281,10 +311,11 @@ def _log_section(log_tail: str) -> str:
 
 
 def failure_annotations(failures: Sequence[Failure]) -> list[dict[str, Any]]:
-    """GitHub check-run annotations, one per failure whose file is known."""
+    """GitHub check-run annotations, one per failure whose file is a path in the repository
+    (a host's report is not trusted to give one: an absolute path or URL is left out)."""
     return [
         {
-            "path": f.file,
+            "path": repo_path(f.file),
             "start_line": f.line or 1,
             "end_line": f.line or 1,
             "annotation_level": "failure",
@@ -293,7 +324,7 @@ def failure_annotations(failures: Sequence[Failure]) -> list[dict[str, Any]]:
             **({"raw_details": f.text[:60000]} if f.text else {}),
         }
         for f in failures
-        if f.file
+        if repo_path(f.file)
     ]
 
 
@@ -332,6 +363,10 @@ def summary_json(
         "duration_s": s.duration_s,
         "gpus": [gpu_json(g) for g in gpus],
         "reruns": s.reruns,
+        "subtests_passed": s.subtests_passed,
+        "subtests_failed": s.subtests_failed,
+        "subtests_skipped": s.subtests_skipped,
+        "running": list(s.running),
         "failures": [
             {
                 "test_id": f.test_id,

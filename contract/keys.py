@@ -238,6 +238,23 @@ def scheduler_alive() -> str:
     return f"{PREFIX}:scheduler:alive"
 
 
+def scheduler_leader() -> str:
+    """String with a TTL: the leading scheduler's fencing token, "<term>:<holder>" (bot/leader.py).
+    Writes that assign GPUs are refused unless it still holds the writer's token."""
+    return f"{PREFIX}:scheduler:leader"
+
+
+def scheduler_term() -> str:
+    """Counter: the last leadership term handed out; each new leader takes the next one."""
+    return f"{PREFIX}:scheduler:term"
+
+
+def schedulers() -> str:
+    """Sorted set holder -> epoch seconds each scheduler process (leading or standing by) was
+    last seen; entries older than bot.leader.SEEN_S are gone."""
+    return f"{PREFIX}:schedulers"
+
+
 def webhook_counts() -> str:
     """Hash "event:outcome" -> deliveries answered so (outcomes in bot/webhooks.py; never
     expires). The event is "-" for a rejected delivery: unverified headers make no fields."""

@@ -66,10 +66,44 @@ class Summary:
     failures: list[Failure] = field(default_factory=list)
     reruns: int = 0
     failures_dropped: int = 0  # failures beyond max_failures_kept, counted but not kept
+    # subtests (unittest's subTest, pytest's `subtests` fixture): pytest counts a failed one
+    # in `failed` and a skipped one in `skipped` (or `xfailed`), a passed one on its own
+    subtests_passed: int = 0
+    subtests_failed: int = 0
+    subtests_skipped: int = 0
+    running: list[str] = field(default_factory=list)  # started, not finished: a stopped run's
+
+
+def repo_path(file: str | None, classname: str = "") -> str | None:
+    """`file` as a path inside the repository, or None where it cannot be one: a `file://`
+    URL or an absolute path is made relative where the test's module names its tail
+    (`/home/ci/src/tests/test_x.py` of `tests.test_x` -> `tests/test_x.py`), else dropped, so
+    that no annotation or link points outside the repository."""
+    if not file:
+        return None
+    path = file.replace("\\", "/")
+    if path.startswith("file:"):
+        path = "/" + path.removeprefix("file:").lstrip("/")
+    if ":" in path:  # another scheme, or a drive letter
+        return _module_tail(path.split(":", 1)[1], classname)
+    if path.startswith("/"):
+        return _module_tail(path, classname)
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    return None if not parts or ".." in parts else "/".join(parts)
+
+
+def _module_tail(path: str, classname: str) -> str | None:
+    modules = classname.split(".") if classname else []
+    for length in range(len(modules), 0, -1):
+        tail = "/".join(modules[:length]) + ".py"
+        if path.endswith("/" + tail):
+            return tail
+    return None
 
 
 def count_line(summary: Summary) -> str:
-    """pytest's summary line: "3 failed, 5 passed, 2 skipped, 1 xfailed, 2 errors, 1 rerun"."""
+    """pytest's summary line: "3 failed, 5 passed, 2 skipped, 1 xfailed, 2 errors, 1 rerun"
+    (and "21194 subtests passed", as pytest says it at any verbosity but the default)."""
     parts = [
         ("failed", summary.failed),
         ("passed", summary.passed),
@@ -78,6 +112,7 @@ def count_line(summary: Summary) -> str:
         ("xpassed", summary.xpassed),
         ("error" if summary.errors == 1 else "errors", summary.errors),
         ("rerun", summary.reruns),
+        ("subtests passed", summary.subtests_passed),
     ]
     return ", ".join(f"{n} {word}" for word, n in parts if n) or "no tests ran"
 
@@ -89,8 +124,16 @@ MAX_FAILURES = 1000
 MAX_FIELD = 64 * 1024  # a failure's text, the log tail
 MAX_SHORT = 4000  # names, messages, reasons
 MAX_GPUS = 64
-_COUNTS = ("tests", "passed", "failed", "errors", "skipped", "xfailed", "xpassed", "reruns")
-_OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
+_COUNTS = (
+    "tests", "passed", "failed", "errors", "skipped", "xfailed", "xpassed", "reruns",
+    "subtests_passed", "subtests_failed", "subtests_skipped",
+)  # fmt: skip
+# each outcome's count is at most the tests plus the subtests pytest counts under it
+_OUTCOMES = {
+    "passed": (), "xpassed": (), "failed": ("subtests_failed",),
+    "skipped": ("subtests_skipped",), "xfailed": ("subtests_skipped",),
+}  # fmt: skip
+MAX_RUNNING = 100
 
 
 class ResultError(ValueError):
@@ -124,6 +167,7 @@ class RunReport:
                 "duration_s": s.duration_s,
                 "slowest": [list(pair) for pair in s.slowest],
                 "failures": [f.__dict__ for f in s.failures],
+                "running": list(s.running),
             },
             "timed_out": self.timed_out,
             "cancelled": self.cancelled,
@@ -165,9 +209,10 @@ def gpu_to_json(gpu: GpuInfo) -> dict[str, object]:
 
 def _summary(d: dict[str, object]) -> Summary:
     counts = {name: _count(d.get(name, 0), name) for name in _COUNTS}
-    for name in _OUTCOMES:
-        if counts[name] > counts["tests"]:
-            raise ResultError(f"summary: {name} ({counts[name]}) exceeds tests ({counts['tests']})")
+    for name, subtests in _OUTCOMES.items():
+        most = counts["tests"] + sum(counts[sub] for sub in subtests)
+        if counts[name] > most:
+            raise ResultError(f"summary: {name} ({counts[name]}) exceeds tests ({most})")
     reasons = _mapping(d.get("skip_reasons", {}), "skip_reasons")
     if len(reasons) > 200:
         raise ResultError("summary: too many skip reasons")
@@ -184,6 +229,10 @@ def _summary(d: dict[str, object]) -> Summary:
         duration_s=_number(d.get("duration_s", 0.0), "duration_s"),
         slowest=[_slow(p) for p in _list(d.get("slowest", []), "slowest", 50)],
         failures=[_failure(f) for f in _list(d.get("failures", []), "failures", MAX_FAILURES)],
+        running=[
+            _text(t, "running test", MAX_SHORT)
+            for t in _list(d.get("running", []), "running", MAX_RUNNING)
+        ],
     )
 
 

@@ -90,7 +90,20 @@ def failure(i: int = 0, **fields: object) -> Failure:
         (
             Summary(tests=5, passed=5),
             {"error": "Setup failed: pip install exited 1\nfull log below"},
+            (Conclusion.FAILURE, "Setup failed: pip install exited 1; completed: 5 passed"),
+        ),
+        (
+            Summary(),
+            {"error": "Setup failed: pip install exited 1"},
             (Conclusion.FAILURE, "Setup failed: pip install exited 1"),
+        ),
+        (
+            Summary(tests=2, passed=1, failed=1, running=["t.py::test_3", "t.py::test_4"]),
+            {"timed_out": True},
+            (
+                Conclusion.TIMED_OUT,
+                "Timed out: 1 failed, 1 passed; running: t.py::test_3 and 1 more",
+            ),
         ),
         (
             Summary(tests=5, passed=3, failed=1),

@@ -119,3 +119,44 @@ def test_ctrl_c_while_serving_stops_everything(redis_url: str, tmp_path: Path) -
         if demo.poll() is None:
             demo.kill()
     assert demo_processes() == set()
+
+
+def start_demo(redis_url: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", "demo", "--once"],
+        cwd=cwd,
+        env={**os.environ, "REDIS_URL": redis_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def read_until(demo: subprocess.Popen[str], text: str) -> None:
+    assert demo.stdout is not None
+    for line in demo.stdout:
+        if text in line:
+            return
+    raise AssertionError(f"the demo ended without printing {text!r}")
+
+
+def test_a_second_demo_waits_its_turn_and_sigterm_stops_each(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Two demos on one machine would share database 9 and take each other's tickets: the
+    second waits, saying so. `kill` (SIGTERM) stops a demo and every process it started."""
+    first = start_demo(redis_url, tmp_path)
+    second = None
+    try:
+        read_until(first, "== 1.")
+        second = start_demo(redis_url, tmp_path)
+        read_until(second, "another demo is using redis://127.0.0.1:")
+        second.terminate()
+        assert second.wait(timeout=30) == 128 + signal.SIGTERM
+        first.terminate()
+        assert first.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        for demo in (first, second):
+            if demo is not None and demo.poll() is None:
+                demo.kill()
+    assert demo_processes() == set()

@@ -19,7 +19,7 @@ from contract.results import GpuInfo, RunReport, Summary
 from contract.settings import Settings
 from workers.gpus import GpuBackend, GpuState, gpu_states, open_backend
 from workers.hostsetup import HostSetup, HostSetupError, RuntimeUnavailable
-from workers.junit import JUnitError, parse_junit
+from workers.junit import JUnitError, parse_junit, parse_report
 from workers.runner import RunOutcome, RunRequest, resolve_workers, run_batch
 
 Progress = Callable[[str], None]
@@ -125,8 +125,11 @@ def run_on_host(
     parts = _request_parts(settings, config, batch, source, progress)
     if batch.gpus == 0:
         progress(f"batch {batch.name}: CPU only, no GPUs needed")
-        outcome = _run(settings, config, batch, source, run_id, (), True, None, parts=parts)
-        return conclude_run(settings, batch, sha, [], outcome)
+        request = run_request(
+            settings, config, batch, source=source, run_id=run_id, gpu_indices=(), gpus=(),
+            simulated=True, parts=parts,
+        )  # fmt: skip
+        return conclude_run(settings, batch, sha, [], run_batch(request))
     backend = open_backend(settings.gpu_backend)
     conn = (connect or (lambda: Redis.from_url(settings.redis_url)))()
     return _run_leased(settings, config, batch, source, sha, run_id, backend, conn, progress, parts)
@@ -170,28 +173,12 @@ def _run_leased(
     heartbeat = leases.LeaseHeartbeat(conn, settings.host, indices, owner, settings.lease_ttl_s)
     try:
         with heartbeat:
-            free = [
-                max(0, (s.gpu.memory_total_mb or 0) - (s.gpu.memory_used_mb or 0)) for s in chosen
-            ]
-            workers = resolve_workers(batch, free)
-
-            def gpu_pids() -> set[int]:
-                return _pids_on(backend, indices)
-
             progress(f"batch {batch.name}: running on GPUs {list(indices)} of {settings.host}")
-            outcome = _run(
-                settings,
-                config,
-                batch,
-                source,
-                run_id,
-                indices,
-                backend.simulated,
-                workers,
-                gpu_pids,
-                parts=parts,
-                gpus=[state.gpu for state in chosen],
-            )
+            request = run_request(
+                settings, config, batch, source=source, run_id=run_id, gpu_indices=indices,
+                gpus=[state.gpu for state in chosen], simulated=backend.simulated, parts=parts,
+            )  # fmt: skip
+            outcome = run_batch(request, gpu_pids=lambda: _pids_on(backend, indices))
             _wait_until_free(backend, indices, settings.kill_grace_s)
     finally:
         leases.release(conn, settings.host, indices, chosen_owner)
@@ -259,37 +246,38 @@ def _wait_until_free(backend: GpuBackend, indices: Sequence[int], grace_s: float
         time.sleep(0.5)
 
 
-def _run(
+def run_request(
     settings: Settings,
     config: Config,
     batch: Batch,
+    *,
     source: Path,
     run_id: str,
-    indices: tuple[int, ...],
+    gpu_indices: tuple[int, ...],
+    gpus: Sequence[GpuInfo],
     simulated: bool,
-    workers: int | None,
-    gpu_pids: Callable[[], set[int]] | None = None,
-    *,
     parts: dict[str, Any],
-    gpus: Sequence[GpuInfo] = (),
-) -> RunOutcome:
-    request = RunRequest(
+) -> RunRequest:
+    """The run as this host starts it, the same for a worker's ticket and `gpuci run-batch`:
+    its xdist workers from the batch and its GPUs' free memory, its device nodes, its limits."""
+    free = [max(0, (g.memory_total_mb or 0) - (g.memory_used_mb or 0)) for g in gpus]
+    return RunRequest(
         run_id=run_id,
         batch=batch,
         config=config,
         source=source,
-        gpu_indices=indices,
+        gpu_indices=gpu_indices,
         work_root=Path(settings.work_dir),
         simulated_gpus=simulated,
-        workers=workers,
+        workers=resolve_workers(batch, free),
         kill_grace_s=settings.kill_grace_s,
         log_max_bytes=settings.log_max_bytes,
         run_as=settings.run_as,
         gpu_minors=tuple(g.minor_number for g in gpus if g.minor_number is not None),
         gpu_uuids=tuple(g.uuid for g in gpus),
+        fault_at=settings.test_fault,
         **parts,
     )
-    return run_batch(request, gpu_pids=gpu_pids)
 
 
 def conclude_run(
@@ -325,20 +313,45 @@ def report_of(outcome: RunOutcome, gpus: Sequence[GpuInfo]) -> RunReport:
 
 
 def _summarize(outcome: RunOutcome) -> tuple[Summary, str | None]:
-    """Counts from the JUnit file, and the infrastructure error if the run never got that far."""
+    """Counts from the JUnit file, and the infrastructure error if the run never got that far.
+
+    A pytest that never wrote its JUnit file (stopped at its deadline, cancelled, exited
+    without finishing) still leaves the gpuci report of every test that completed: the counts,
+    failures and the tests that were running come from it.
+    """
     if outcome.setup_failed:
         return Summary(), f"runtime.setup failed (exit {outcome.exit_code})"
     if outcome.preflight_error:
         return Summary(), outcome.preflight_error
-    if outcome.exit_code in PYTEST_TROUBLE and not (outcome.timed_out or outcome.cancelled):
-        return Summary(), f"pytest {PYTEST_TROUBLE[outcome.exit_code]} (exit {outcome.exit_code})"
-    junit = outcome.junit_path
-    if junit is None or not junit.is_file():
-        if outcome.timed_out or outcome.cancelled or outcome.exit_code == 5:
-            return Summary(), None
-        return Summary(), f"pytest exited with code {outcome.exit_code} and wrote no JUnit report"
+    junit, report = _existing(outcome.junit_path), _existing(outcome.report_path)
+    stopped = outcome.timed_out or outcome.cancelled
+    if junit is None:
+        summary, unreadable = _from_report(report)
+        summary.duration_s = outcome.duration_s  # pytest's own time was never written
+        if stopped or outcome.exit_code == 5:
+            return summary, unreadable
+        if outcome.exit_code in PYTEST_TROUBLE:
+            return summary, f"pytest {PYTEST_TROUBLE[outcome.exit_code]} (exit {outcome.exit_code})"
+        return summary, f"pytest exited with code {outcome.exit_code} and wrote no JUnit report"
     try:
-        report = outcome.report_path
-        return parse_junit([junit], report if report and report.is_file() else None), None
+        summary = parse_junit([junit], report)
     except JUnitError as exc:
         return Summary(), f"unreadable JUnit report: {exc}"
+    trouble = PYTEST_TROUBLE.get(outcome.exit_code or 0)
+    if trouble and not stopped and not (outcome.exit_code == 2 and summary.errors):
+        # exit 2 with errors is pytest stopping at collection errors: they are the result
+        return summary, f"pytest {trouble} (exit {outcome.exit_code})"
+    return summary, None
+
+
+def _existing(path: Path | None) -> Path | None:
+    return path if path is not None and path.is_file() else None
+
+
+def _from_report(report: Path | None) -> tuple[Summary, str | None]:
+    if report is None:
+        return Summary(), None
+    try:
+        return parse_report(report), None
+    except JUnitError as exc:
+        return Summary(), f"unreadable gpuci report: {exc}"

@@ -30,11 +30,11 @@ from contract.redis_errors import connect, redis_problem
 from contract.roles import is_sha, role_from_api
 from contract.settings import Settings
 from workers import faults
-from workers.batch import BatchResult, conclude_run
+from workers.batch import BatchResult, conclude_run, run_request
 from workers.cleanup import disk_problem, finish_workdir, sweep_workdirs, trim_archives
 from workers.gpus import GpuBackend, GpuState, gpu_states, inventory_entry, open_backend
 from workers.hostsetup import HostSetup, HostSetupError, RuntimeUnavailable
-from workers.runner import RunnerError, RunOutcome, RunRequest, resolve_workers, run_batch
+from workers.runner import RunnerError, RunOutcome, run_batch
 from workers.source import SourceError, fetch_archive
 
 log = logging.getLogger("gpuci.worker")
@@ -592,24 +592,11 @@ def _run(
         )
         _drop_token(conn, settings.host, ticket)
         trim_archives(_cache_dir(settings), settings.bytes_of("archive_cache_max_size"))
-        free = [max(0, (g.memory_total_mb or 0) - (g.memory_used_mb or 0)) for g in gpus]
-        request = RunRequest(
-            run_id=f"run-{ticket.run_id}",
-            batch=batch,
-            config=config,
-            source=archive,
-            gpu_indices=ticket.gpu_indices,
-            work_root=Path(settings.work_dir),
-            simulated_gpus=backend.simulated if backend else True,
-            workers=resolve_workers(batch, free),
-            kill_grace_s=settings.kill_grace_s,
-            log_max_bytes=settings.log_max_bytes,
-            run_as=settings.run_as,
-            gpu_minors=tuple(g.minor_number for g in gpus if g.minor_number is not None),
-            gpu_uuids=tuple(g.uuid for g in gpus),
-            fault_at=settings.test_fault,
-            **parts,
-        )
+        request = run_request(
+            settings, config, batch, source=archive, run_id=f"run-{ticket.run_id}",
+            gpu_indices=ticket.gpu_indices, gpus=gpus,
+            simulated=backend.simulated if backend else True, parts=parts,
+        )  # fmt: skip
         outcome = run_batch(request, cancel=cancel, gpu_pids=lambda: _pids_on(backend, ticket))
     except (SourceError, RunnerError) as exc:
         outcome = _failed_outcome(settings, str(exc))

@@ -8,7 +8,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 from xml.parsers.expat import (
     XML_PARAM_ENTITY_PARSING_NEVER,
     ExpatError,
@@ -16,14 +16,15 @@ from xml.parsers.expat import (
     XMLParserType,
 )
 
-from contract.results import Failure, Summary
+from contract.results import MAX_RUNNING, Failure, Summary, repo_path
 
 MAX_DEPTH = 32  # pytest writes 4 levels; anything much deeper is hostile
 MAX_SKIP_REASONS = 100  # distinct reasons kept; the rest are grouped under OTHER_REASONS
 OTHER_REASONS = "(other reasons)"
 SLOWEST_KEPT = 10
+ATTEMPTS_KEPT = 4096  # the latest empty testcases, remembered as possible rerun attempts
 MAX_TOKEN = 8 << 20  # one tag, attribute or comment; expat buffers each whole, re-scanning
-_CHUNK = 1 << 20  # bytes read and fed to expat at a time
+_CHUNK = 1 << 19  # bytes read and fed to expat at a time (expat keeps a copy of each)
 _TEXT_BUFFER = 1 << 16  # character data handed over at a time
 _INF = float("inf")
 _NOT_BLANK = re.compile(rb"\S")  # what bytes.strip() keeps
@@ -60,7 +61,18 @@ def parse_junit(
     for path in paths:
         _parse_file(Path(path), tally)
     if report is not None:
-        _apply_report(Path(report), tally)
+        _apply_report(Path(report), tally, with_junit=True)
+    return tally.summary()
+
+
+def parse_report(
+    report: Path, *, max_failures_kept: int = 200, max_text_chars: int = 4000
+) -> Summary:
+    """Counts, failures and skip reasons from the gpuci report alone, for a run whose pytest
+    never wrote its JUnit XML (killed at its deadline, cancelled, `os._exit`): every test that
+    completed, and in `running` the tests that had started and not finished."""
+    tally = _Tally(max_failures_kept, max_text_chars, counts_cases=False)
+    _apply_report(Path(report), tally, with_junit=False)
     return tally.summary()
 
 
@@ -162,6 +174,7 @@ _JUNIT_COUNTERS = {
     "xfailed": "xfailed",
 }
 _FAILED = ("failure", "error", "teardown error")
+_WORST = ("failure", "error", "teardown error", "xfailed", "skipped")  # which result counts
 
 
 class _Tally:
@@ -186,6 +199,27 @@ class _Tally:
         """What a testcase's seconds must exceed to be among the slowest kept."""
         return self.slow[0][0] if len(self.slow) >= SLOWEST_KEPT else -1.0
 
+    def add_declared(self, attrs: dict[str, str]) -> None:
+        """A <testsuite> with no testcases counts what its header declares: a file that says
+        `tests="6" failures="1"` and lists nothing did not pass."""
+        tests, failures, errors, skipped = (
+            _declared(attrs, name) for name in ("tests", "failures", "errors", "skipped")
+        )
+        tests = max(tests, failures + errors + skipped)
+        s = self.s
+        s.tests += tests
+        s.failed += failures
+        s.errors += errors
+        s.skipped += skipped
+        s.passed += tests - failures - errors - skipped
+        if (failures or errors) and len(s.failures) < self.max_failures:
+            name = attrs.get("name") or "(unnamed)"
+            message = (
+                f"testsuite {name} declares {failures} failures and {errors} errors"
+                " but lists no testcases"
+            )
+            s.failures.append(Failure(f"testsuite {name}", "failure", message[: self.max_text]))
+
     def add_passes(self, passes: int, seconds: float) -> None:
         """Testcases that passed without reruns (their slowest went through add_case)."""
         self.case_time += seconds
@@ -205,30 +239,40 @@ class _Tally:
         kinds = [_kind(tag, a) for tag, a, _ in results]
         if self.counts_cases or any(a.get("message") in _COLLECTION for _, a, _ in results):
             self._count(attrs, kinds, reruns)
+        skip_counted = bool(kinds) and min(kinds, key=_WORST.index) == "skipped"
         for (_, result, text), kind in zip(results, kinds, strict=True):
-            if kind == "skipped":
+            if kind == "skipped" and skip_counted:
+                skip_counted = False  # one reason per skipped test
                 message = result.get("message", "")
-                self._skip_reason(
+                self.add_skip_reason(
                     skip_reason(message, text.text() if message == "collection skipped" else "")
                 )
             elif kind in _FAILED:
                 self._failure(attrs, result, text, kind)
 
     def _count(self, attrs: dict[str, str], kinds: list[str], reruns: int) -> None:
-        """pytest 9 writes a failed call and its teardown error as two testcases of one test."""
+        """One outcome per testcase, the worst of its results (failure > error > skipped), as
+        junitparser does; but pytest 9 writes a failed call and its teardown error as two
+        testcases of one test, and a passed call with its teardown error as one: pytest counts
+        1 failed and 1 error, or 1 passed and 1 error."""
         s = self.s
         s.reruns += reruns
         if "failure" in kinds:
             self.failed_calls.add(_case_key(attrs))
         teardown_only = kinds == ["teardown error"]
-        if not (teardown_only and _case_key(attrs) in self.failed_calls):
-            s.tests += 1
-            s.passed += not kinds or teardown_only  # the call passed, then teardown failed
-        for kind in kinds:
-            counter = _JUNIT_COUNTERS[kind]
-            setattr(s, counter, getattr(s, counter) + 1)
+        if teardown_only:
+            s.errors += 1
+            if _case_key(attrs) not in self.failed_calls:
+                s.tests += 1
+                s.passed += 1  # the call passed, then teardown failed
+            return
+        s.tests += 1
+        kind = min(kinds, key=_WORST.index) if kinds else None
+        counter = _JUNIT_COUNTERS[kind] if kind else "passed"
+        setattr(s, counter, getattr(s, counter) + 1)
+        return
 
-    def _skip_reason(self, reason: str) -> None:
+    def add_skip_reason(self, reason: str) -> None:
         reasons = self.s.skip_reasons
         if reason not in reasons and len(reasons) >= MAX_SKIP_REASONS:
             reason = OTHER_REASONS
@@ -242,16 +286,37 @@ class _Tally:
             return
         text = capped.text()
         number = case.get("line", "")
-        file, line = failure_location(
-            text, case.get("file"), int(number) if number.isdigit() else None
-        )
-        message = result.get("message", "")[: self.max_text]
+        case_id = _case_id(case)
+        message = result.get("message", "")
+        file = case.get("file") or (case_id if message in _COLLECTION else None)
+        file, line = failure_location(text, file, int(number) if number.isdigit() else None)
         kind = "failure" if kind == "failure" else "error"
-        self.s.failures.append(Failure(_case_id(case), kind, message, text, file, line))
+        self.s.failures.append(Failure(case_id, kind, message[: self.max_text], text, file, line))
+
+    def add_report_failure(self, entry: dict[str, Any], kind: str) -> None:
+        """A failure as the report tells it (no JUnit file): its text and where to annotate."""
+        if len(self.s.failures) >= self.max_failures:
+            self.s.failures_dropped += 1
+            return
+        nodeid = str(entry.get("nodeid", ""))
+        capped = _Capped(self.max_text)
+        capped.add(str(entry.get("text", "")))
+        text = capped.text()
+        message = str(entry.get("message", ""))[: self.max_text]
+        if entry.get("subtest") is not None:
+            message = f"subtest {entry['subtest']}: {message}"
+        location = entry.get("location")
+        file, number = (location[0], location[1]) if _is_location(location) else (None, None)
+        if entry.get("when") == "collect":
+            file = nodeid
+        file, line = failure_location(text, repo_path(file), number)
+        self.s.failures.append(Failure(nodeid, kind, message, text, file, line))
 
     def _time(self, attrs: dict[str, str], seconds: float) -> None:
+        self.time_of(_case_id(attrs), seconds)
+
+    def time_of(self, case_id: str, seconds: float) -> None:
         """Called only when seconds may enter the top SLOWEST_KEPT."""
-        case_id = _case_id(attrs)
         for i, (t, other) in enumerate(self.slow):
             if other == case_id:  # a test with two testcases: its longest
                 self.slow[i] = (max(t, seconds), other)
@@ -261,6 +326,40 @@ class _Tally:
             heapq.heappush(self.slow, (seconds, case_id))
         else:
             heapq.heapreplace(self.slow, (seconds, case_id))
+
+
+def _with_repo_file(attrs: dict[str, str], file: str) -> dict[str, str]:
+    """The testcase with its file as a path in the repository, or without one: an absolute
+    path or a `file://` URL is never linked."""
+    clean = dict(attrs)
+    path = repo_path(file, attrs.get("classname", ""))
+    if path is None:
+        del clean["file"]
+    else:
+        clean["file"] = path
+    return clean
+
+
+def _declares_tests(attrs: dict[str, str]) -> bool:
+    return any(_declared(attrs, name) for name in ("tests", "failures", "errors", "skipped"))
+
+
+def _declared(attrs: dict[str, str], name: str) -> int:
+    value = attrs.get(name, "")
+    return min(int(value), MAX_DECLARED) if value.isdigit() else 0
+
+
+MAX_DECLARED = 10**9
+
+
+def _is_location(value: object) -> TypeGuard[list[Any]]:
+    """pytest's report location: [file, 0-based line or None, domain]."""
+    return (
+        isinstance(value, list)
+        and len(value) == 3
+        and isinstance(value[0], str)
+        and (value[1] is None or (isinstance(value[1], int) and not isinstance(value[1], bool)))
+    )
 
 
 def _kind(tag: str, attrs: dict[str, str]) -> str:
@@ -328,9 +427,19 @@ def _parser(path: Path, tally: _Tally) -> tuple[XMLParserType, Callable[[], None
     passes = 0  # testcases passed without reruns, and their seconds: added to tally when done
     pass_seconds = 0.0
     slow_floor = tally.slow_floor()
+    # pytest-rerunfailures writes each attempt before the last as an empty testcase of the
+    # same test, later in the file (under xdist, other tests' testcases come between): the
+    # keys of the latest empty testcases, to count a repeat as a rerun, not as another test.
+    track_attempts = tally.counts_cases
+    attempt_keys: dict[int, None] = {}  # the keys of the latest empty testcases ...
+    attempt_ring: list[int | None] = [None] * ATTEMPTS_KEPT  # ... in the order they came
+    attempt_slot = 0
+    cases = 0  # testcases seen
+    # <testsuite> elements open: what each declares, and the testcases seen when it opened
+    declared: list[tuple[dict[str, str], int]] = []
 
     def start(tag: str, attrs: dict[str, str]) -> None:
-        nonlocal depth, suites, case_depth, case_attrs, results, reruns, text
+        nonlocal depth, suites, case_depth, case_attrs, results, reruns, text, cases
         if depth == case_depth:  # a child of the open testcase
             child = _CHILDREN.get(tag)
             if child:
@@ -346,18 +455,25 @@ def _parser(path: Path, tally: _Tally) -> tuple[XMLParserType, Callable[[], None
             )
         elif tag == "testcase":
             case_depth, case_attrs, reruns = depth + 1, attrs, 0
+            file = attrs.get("file")
+            if file and (file[0] in "/\\" or ":" in file or ".." in file):
+                case_attrs = _with_repo_file(attrs, file)
             if results:
                 results = []
+            cases += 1
         elif tag == "testsuite":
             if not suites:
                 tally.suite_time += _float(attrs.get("time"))
             suites += 1
+            declared.append((attrs, cases))
+            attempt_keys.clear()  # the same test in another suite is another run of it
         depth += 1
         if depth > MAX_DEPTH:
             raise JUnitError(f"{path}: elements nested deeper than {MAX_DEPTH} levels")
 
     def end(tag: str) -> None:
         nonlocal depth, suites, case_depth, text, passes, pass_seconds, slow_floor
+        nonlocal attempt_slot, cases
         depth -= 1
         if depth + 1 == case_depth:  # the testcase ends
             case_depth = -1
@@ -367,7 +483,20 @@ def _parser(path: Path, tally: _Tally) -> tuple[XMLParserType, Callable[[], None
                 seconds = 0.0
             if not 0.0 <= seconds < _INF:  # NaN fails too
                 seconds = 0.0
-            if not results and not reruns:
+            empty = not results and not reruns
+            if track_attempts:
+                key = hash((case_attrs.get("classname"), case_attrs.get("name")))
+                if attempt_keys.pop(key, 0) is None:  # an earlier, empty one was an attempt
+                    tally.s.reruns += 1
+                    passes -= 1
+                if empty:
+                    evicted = attempt_ring[attempt_slot]
+                    if evicted is not None:
+                        attempt_keys.pop(evicted, None)
+                    attempt_ring[attempt_slot] = key
+                    attempt_keys[key] = None
+                    attempt_slot = (attempt_slot + 1) % ATTEMPTS_KEPT
+            if empty:
                 passes += 1
                 pass_seconds += seconds
                 if seconds <= slow_floor:
@@ -379,6 +508,11 @@ def _parser(path: Path, tally: _Tally) -> tuple[XMLParserType, Callable[[], None
             expat.CharacterDataHandler = None
         elif tag == "testsuite" and suites:
             suites -= 1
+            attrs, cases_before = declared.pop()
+            if cases == cases_before and _declares_tests(attrs):
+                if tally.counts_cases:
+                    tally.add_declared(attrs)
+                cases += 1  # its parent's counts are its children's
 
     def done() -> None:
         tally.add_passes(passes, pass_seconds)
@@ -419,29 +553,51 @@ def _parse_file(path: Path, tally: _Tally) -> None:
         raise JUnitError(f"{path}:{expat.CurrentLineNumber}: refused: {exc}") from None
 
 
-def _apply_report(path: Path, tally: _Tally) -> None:
-    """Count test phases as pytest's terminal does, and tests by the teardown of their last try."""
+def _apply_report(path: Path, tally: _Tally, *, with_junit: bool) -> None:
+    """Count test phases as pytest's terminal does, and tests by the teardown of their last try.
+
+    With the JUnit files parsed, they have given collection errors, failure texts and skip
+    reasons; without them (`parse_report`) the report's own lines give those too.
+    """
     rerun: set[str] = set()  # tests whose current attempt will be rerun: few at any time
+    running: dict[str, None] = {}  # started and not torn down, in the order they started
     for entry in _report_lines(path):
         nodeid, when = str(entry.get("nodeid", "")), entry.get("when")
+        if when == "start":
+            running[nodeid] = None
+            continue
+        if when == "collect":
+            if not with_junit:
+                _collected(entry, tally)
+            continue
         if entry.get("outcome") == "rerun":
             rerun.add(nodeid)
         if when not in ("setup", "call"):
-            tally.s.tests += nodeid not in rerun
+            if nodeid not in rerun:
+                tally.s.tests += 1
+                running.pop(nodeid, None)
             rerun.discard(nodeid)
-        _count_report(entry, tally.s)
+        counter = _count_report(entry, tally.s)
+        if not with_junit:
+            _detail(entry, counter, tally)
+    if not with_junit:
+        tally.s.running = list(running)[:MAX_RUNNING]
 
 
-def _count_report(entry: dict[str, Any], s: Summary) -> None:
+def _count_report(entry: dict[str, Any], s: Summary) -> str | None:
+    """Bump the counter pytest's terminal bumps for this report, and say which it was."""
     outcome, when = entry.get("outcome"), entry.get("when")
+    if entry.get("subtest") is not None:
+        return _count_subtest(entry, s)
     if outcome == "passed" and when != "call":
-        return
+        return None
     fixture = when in ("setup", "teardown")
     counter = _REPORT_COUNTERS.get((outcome, fixture, entry.get("wasxfail") is not None))
     if counter is not None:
         setattr(s, counter, getattr(s, counter) + 1)
     if counter == "xpassed":
         s.xpassed_tests.append(str(entry.get("nodeid", "")))
+    return counter
 
 
 # (outcome, in setup or teardown, marked xfail) -> the Summary counter pytest's terminal bumps
@@ -454,6 +610,52 @@ _REPORT_COUNTERS: dict[tuple[object, bool, bool], str] = {
     **{("skipped", fixture, False): "skipped" for fixture in (True, False)},
     **{("skipped", fixture, True): "xfailed" for fixture in (True, False)},
 }
+
+
+def _count_subtest(entry: dict[str, Any], s: Summary) -> str | None:
+    """pytest counts a failed subtest as failed, a skipped one as skipped (xfailed) and a
+    passed one as "subtests passed", beside the tests."""
+    outcome = entry.get("outcome")
+    if outcome == "passed":
+        s.subtests_passed += 1
+        return "subtests_passed"
+    if outcome == "failed":
+        s.subtests_failed += 1
+        s.failed += 1
+        return "failed"
+    if outcome == "skipped":
+        s.subtests_skipped += 1
+        counter = "xfailed" if entry.get("wasxfail") is not None else "skipped"
+        setattr(s, counter, getattr(s, counter) + 1)
+        return counter
+    return None
+
+
+def _collected(entry: dict[str, Any], tally: _Tally) -> None:
+    """A module that failed to collect is an error, one skipped at collection a skip."""
+    if entry.get("outcome") == "failed":
+        tally.s.tests += 1
+        tally.s.errors += 1
+        _detail(entry, "errors", tally)
+    elif entry.get("outcome") == "skipped":
+        tally.s.tests += 1
+        tally.s.skipped += 1
+        _detail(entry, "skipped", tally)
+
+
+def _detail(entry: dict[str, Any], counter: str | None, tally: _Tally) -> None:
+    """What the JUnit file would have said of this report: a failure's text, a skip's reason,
+    the test's time."""
+    nodeid = str(entry.get("nodeid", ""))
+    seconds = _float(str(entry.get("duration", 0)))
+    tally.case_time += seconds
+    if entry.get("when") == "call" and seconds > tally.slow_floor():
+        tally.time_of(nodeid, seconds)
+    if counter == "skipped":
+        reason = str(entry.get("reason", ""))
+        tally.add_skip_reason(skip_reason(reason, "") if reason else "(no reason given)")
+    elif counter in ("failed", "errors"):
+        tally.add_report_failure(entry, "failure" if counter == "failed" else "error")
 
 
 def _report_lines(path: Path) -> Iterator[dict[str, Any]]:
