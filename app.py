@@ -9,6 +9,7 @@ from flask.typing import ResponseReturnValue
 from redis import Redis
 from werkzeug.exceptions import HTTPException
 
+from contract.logs import configure
 from contract.settings import Settings
 
 log = logging.getLogger("gpuci.web")
@@ -18,7 +19,9 @@ def create_app(settings: Settings | None = None, redis: Redis | None = None) -> 
     """The web process: webhooks, health, metrics and the dashboard."""
     from bot import accesslog, dashboard, metrics, web, webhooks
 
-    settings = settings or Settings.from_env()
+    if settings is None:  # the server's own entry point ('app:create_app()' under gunicorn)
+        settings = Settings.from_env()
+        configure(settings.log_format)  # gpuci's log lines as every process writes them
     accesslog.install()  # request lines never show the dashboard token
     app = Flask("gpuci")
     app.config["GPUCI_SETTINGS"] = settings

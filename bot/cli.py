@@ -122,7 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler.set_defaults(handler=cmd_scheduler)
 
     redeliver = sub.add_parser(
-        "redeliver", help="ask GitHub to send again the webhook deliveries gpuci missed"
+        "redeliver",
+        help="ask GitHub to send again the webhook deliveries gpuci missed",
+        description=(
+            "Ask GitHub to redeliver the App's webhook deliveries that failed (answered 5xx or "
+            "not at all: the web process down, Redis unreachable) since the last check. The "
+            "scheduler does this every minute by itself; run it by hand after the scheduler "
+            "was down too, with --since to look further back (GitHub keeps deliveries 3 days). "
+            "Needs the App key (run it on the bot host) and prints each redelivered GUID."
+        ),
     )
     redeliver.add_argument(
         "--since",
@@ -159,6 +167,7 @@ def cmd_web(args: argparse.Namespace, settings: Settings) -> int:
             "gpuci web: set GPUCI_WEBHOOK_SECRET (the GitHub App's webhook secret)", file=sys.stderr
         )
         return EXIT_UNUSABLE
+    _log_to_stderr(settings)
     server.run(lambda: create_app(settings), f"{args.bind}:{args.port}", args.workers)
     return EXIT_OK
 
@@ -191,25 +200,24 @@ def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_runs(args: argparse.Namespace, settings: Settings) -> int:
-    from redis import Redis
     from redis.exceptions import RedisError
 
     from bot.runs import list_runs
+    from contract.redis_errors import DEFAULT_REDIS_URL, connect, describe, which_redis
 
     try:
-        found = list_runs(Redis.from_url(settings.redis_url, socket_timeout=5), args.limit)
+        found = list_runs(connect(settings.redis_url, socket_timeout=5), args.limit)
     except RedisError as exc:
-        print(
-            f"gpuci runs: Redis at {redact_url(settings.redis_url)} is unreachable ({exc})",
-            file=sys.stderr,
-        )
+        print(f"gpuci runs: {describe(exc, settings.redis_url)}", file=sys.stderr)
         return EXIT_UNUSABLE
+    if settings.redis_url == DEFAULT_REDIS_URL:  # an empty table must not look like "no runs"
+        print(f"gpuci runs: read {which_redis(settings.redis_url)}", file=sys.stderr)
     if args.json:
         print(json.dumps([run.to_json() for run in found], indent=2))
         return EXIT_OK
     print(f"{'run':>6}  {'repo':<24} {'PR':>5}  {'sha':<10}  {'batch':<10} {'state':<17} detail")
     for run in found:
-        detail = run.conclusion or run.wait_reason
+        detail = f"{run.conclusion}: {run.title}" if run.conclusion else run.wait_reason
         print(
             f"{run.run_id:>6}  {run.repo:<24} {run.pr or '-':>5}  {run.sha[:10]:<10}  "
             f"{run.batch:<10} {run.state:<17} {detail}"
@@ -232,10 +240,10 @@ def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_gpus(args: argparse.Namespace, settings: Settings) -> int:
-    from redis import Redis
     from redis.exceptions import RedisError
 
     from contract import leases
+    from contract.redis_errors import connect, describe
     from workers.gpus import (
         GpuBackendError,
         gpu_states,
@@ -251,12 +259,11 @@ def cmd_gpus(args: argparse.Namespace, settings: Settings) -> int:
         print(f"gpuci gpus: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     try:
-        held = leases.holders(
-            Redis.from_url(settings.redis_url, socket_timeout=2), settings.host, indices
-        )
+        held = leases.holders(connect(settings.redis_url, socket_timeout=2), settings.host, indices)
         leased = {i: who for i, who in held.items() if who}
     except RedisError as exc:
-        print(f"gpuci gpus: leases unknown (Redis unreachable: {exc})", file=sys.stderr)
+        where = describe(exc, settings.redis_url)
+        print(f"gpuci gpus: leases unknown ({where})", file=sys.stderr)
         leased = {}
     states = gpu_states(
         backend,
@@ -403,10 +410,10 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     import os
     import signal
 
-    from redis import Redis
     from redis.exceptions import RedisError
 
     from contract.hostlink import ProtocolError, check_host_name
+    from contract.redis_errors import connect, describe
     from workers.archive import ArchiveError, check_python
     from workers.cleanup import sweep_workdirs
     from workers.gpus import GpuBackendError, open_backend
@@ -429,16 +436,13 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         print(f"gpuci worker: WARNING: {warning}", file=sys.stderr)
     sweep_workdirs(Path(settings.work_dir), time.time())
     provides = setup.runtimes.provides()
-    conn = Redis.from_url(settings.redis_url)
+    conn = connect(settings.redis_url)
     worker = Host(conn, settings, slots)
     try:
         publish_host(conn, settings, backend, slots, provides)
         lost = worker.start()
     except RedisError as exc:
-        print(
-            f"gpuci worker: Redis at {redact_url(settings.redis_url)} is unreachable ({exc})",
-            file=sys.stderr,
-        )
+        print(f"gpuci worker: {describe(exc, settings.redis_url)}", file=sys.stderr)
         return EXIT_UNUSABLE
     _log_to_stderr(settings)
     print(f"gpuci worker: {host} ({backend.describe()}), {slots} slots")
@@ -490,21 +494,20 @@ def cmd_redeliver(args: argparse.Namespace, settings: Settings) -> int:
     import time
 
     from github import GithubException
-    from redis import Redis
     from redis.exceptions import RedisError
 
     from bot.redeliver import redeliver_failed, since_last_check
+    from contract.redis_errors import connect, describe
 
     app = _github_app(settings, "redeliver")
     if app is None:
         return EXIT_UNUSABLE
-    conn = Redis.from_url(settings.redis_url, socket_timeout=5)
+    conn = connect(settings.redis_url, socket_timeout=5)
     try:
         since = time.time() - args.since * 60 if args.since is not None else since_last_check(conn)
         redone = redeliver_failed(app, conn, since)
     except RedisError as exc:
-        unreachable = f"Redis at {redact_url(settings.redis_url)} is unreachable ({exc})"
-        print(f"gpuci redeliver: {unreachable}", file=sys.stderr)
+        print(f"gpuci redeliver: {describe(exc, settings.redis_url)}", file=sys.stderr)
         return EXIT_UNUSABLE
     except GithubException as exc:
         print(f"gpuci redeliver: GitHub answered {exc.status}: {exc.data}", file=sys.stderr)

@@ -21,10 +21,11 @@ from bot import runs
 from bot.reporting import report
 from bot.runs import Run, RunState
 from contract import keys, leases
-from contract.checks import judge
+from contract.checks import fenced, judge
 from contract.config import ConfigError, load_config
 from contract.hostlink import HOST_NAME, HostMessage, Kind, ProtocolError, Ticket
 from contract.leases import UNREACHABLE
+from contract.redis_errors import redis_problem
 from contract.results import ResultError, RunReport
 
 log = logging.getLogger("gpuci.hostlink")
@@ -194,6 +195,34 @@ def _finished(conn: Redis, host: str, message: HostMessage) -> str:
     return "finished"
 
 
+def _error(conn: Redis, host: str, message: HostMessage) -> str:
+    """gpuci's own code raised on the host while it held the run: the run fails, its Check Run
+    naming the host (as the bot knows it) and the exception, with the log so far."""
+    run = _unless_cancelled(conn, host, message, LIVE)
+    if run is None:
+        return "ignored: cancelled"
+    leases.release(conn, host, run.gpus, run.lease_owner)
+    title = f"gpuci error on {host}: {message.reason or 'unknown error'}"[:1000]
+    tail = str(message.result.get("log_tail", ""))
+    data = {"batch": run.batch, "sha": run.sha, "conclusion": "failure", "title": title}
+    store_result(conn, run.run_id, data, _error_output(run, host, title, tail), tail)
+    runs.finish_run(conn, run, conclusion="failure", title=title)
+    report(conn, run.run_id)
+    log.error("run=%s repo=%s sha=%s batch=%s %s", run.run_id, run.repo, run.sha, run.batch, title)
+    return "error"
+
+
+def _error_output(run: Run, host: str, title: str, tail: str) -> dict[str, Any]:
+    """The Check Run of a run that gpuci itself broke: not a test result, and where to look."""
+    summary = (
+        f"gpuci itself failed on `{host}` while it ran batch `{run.batch}` at `{run.sha[:12]}`; "
+        "this is not a test result. The run was stopped and its GPUs released; the traceback "
+        f"is in the worker's log on {host} (`journalctl -u gpuci-worker`)."
+    )
+    text = f"## Log tail\n\n{fenced(tail, 'text')}" if tail.strip() else ""
+    return {"title": title, "summary": summary, "text": text, "annotations": []}
+
+
 def _lease_lost(conn: Redis, host: str, message: HostMessage) -> str:
     _run_of(conn, host, message, LIVE | {RunState.CANCELLED, RunState.COMPLETED})
     count_lost_lease(conn, "heartbeat")
@@ -211,6 +240,7 @@ _APPLY = {
     Kind.NOT_STARTED: _not_started,
     Kind.FINISHED: _finished,
     Kind.LEASE_LOST: _lease_lost,
+    Kind.ERROR: _error,
 }
 
 
@@ -288,7 +318,7 @@ class HostLinkPump(threading.Thread):
                 warned = False
             except UNREACHABLE as exc:
                 if not warned:
-                    log.warning("host messages: Redis unreachable (%s); retrying", exc)
+                    log.warning("host messages: Redis %s; retrying", redis_problem(exc))
                     warned = True
                 busy = 0
                 self.stopped.wait(1.0)

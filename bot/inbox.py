@@ -24,6 +24,7 @@ from rq import Queue, Retry
 from rq.job import Job
 
 from contract import keys
+from contract.redis_errors import redis_problem
 
 log = logging.getLogger("gpuci.inbox")
 
@@ -234,7 +235,7 @@ def pump_forever(conn: Redis, stop: threading.Event, *, block_s: int = 1) -> Non
         except RedisError as exc:
             if not down_since:
                 down_since = time.time()
-                log.error("Redis unreachable (%s); retrying, inbox deliveries wait there", exc)
+                log.error("Redis %s; retrying, inbox deliveries wait there", redis_problem(exc))
             stop.wait(pause)
             pause = min(pause * 2, 10.0)
 

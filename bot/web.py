@@ -12,6 +12,7 @@ from redis.exceptions import RedisError
 
 from bot import dashboard
 from bot.leader import leader_view
+from contract.redis_errors import redis_problem
 from contract.settings import Settings
 
 blueprint = Blueprint("gpuci", __name__)
@@ -30,7 +31,7 @@ def healthz() -> ResponseReturnValue:
         conn.ping()
         parts = health(conn, time.time())
     except RedisError as exc:
-        return jsonify(ok=False, status="unavailable", redis=f"unreachable: {exc}"), 503
+        return jsonify(ok=False, status="unavailable", redis=redis_problem(exc)), 503
     return jsonify(ok=True, redis="ok", **parts)
 
 

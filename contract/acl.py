@@ -1,5 +1,6 @@
-"""The Redis ACL file of a gpuci deployment: the bot processes' user, and one user per GPU host
-whose keys and commands are exactly that host's own (contract/keys.py, contract/hostlink.py)."""
+"""The Redis ACL file of a gpuci deployment: the bot processes' user, an operator's login for
+looking (redis-cli), and one user per GPU host whose keys and commands are exactly that host's
+own (contract/keys.py, contract/hostlink.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ from contract import keys
 from contract.hostlink import check_host_name
 
 BOT_USER = "gpuci-bot"
+OPERATOR_USER = "gpuci-operator"
+# What an operator troubleshooting gpuci does with redis-cli (docs/deploy.md): read any key,
+# ping, INFO, CLIENT LIST, SLOWLOG, and ACL LOG (which names a refused command and key), ACL
+# WHOAMI and ACL LOAD (reload the root-owned ACL file after editing it). It writes nothing.
+OPERATOR_COMMANDS = (
+    "+@read", "+@connection", "+info", "+dbsize", "+client|list", "+slowlog|get",
+    "+latency|latest", "+acl|log", "+acl|whoami", "+acl|users", "+acl|load",
+)  # fmt: skip
 # What a GPU host's worker does with Redis: its record and heartbeat (HSET, SET EX), its
 # leases (the Lua scripts of contract/leases.py: GET, PEXPIRE, DEL inside EVALSHA), tickets
 # (BLMOVE, LMOVE, LRANGE, LREM, LPUSH, DEL), messages (LPUSH), cancellations (SISMEMBER,
@@ -26,9 +35,17 @@ def acl_file(hosts: Sequence[str]) -> str:
     lines = [
         "user default off",
         f"user {BOT_USER} on >CHANGE-ME-bot-password ~* &* +@all -@dangerous +info +client|list",
+        operator_user_line(),
     ]
     lines += [host_user_line(name) for name in hosts]
     return "\n".join(lines) + "\n"
+
+
+def operator_user_line() -> str:
+    """The operator's login: everything readable, nothing writable (-@write after +@read)."""
+    commands = " ".join(OPERATOR_COMMANDS)
+    login = f"user {OPERATOR_USER} on >CHANGE-ME-operator-password"
+    return f"{login} ~* resetchannels -@all {commands} -@write"
 
 
 def host_user(name: str) -> str:

@@ -18,6 +18,7 @@ REPO = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 RUN_ID = re.compile(r"[0-9]{1,18}")
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a finished run's result, with its failures' tracebacks
 MAX_TEXT = 2000  # a reason or a note
+MAX_LOG_TAIL = 64 * 1024  # an error message's log tail
 TRUSTS = ("trusted", "approved")
 
 
@@ -91,6 +92,9 @@ class Kind(StrEnum):
     NOT_STARTED = "not_started"  # it did not start: back to pending (retry) or failed
     FINISHED = "finished"  # the batch ended; `result` says how
     LEASE_LOST = "lease_lost"  # the run's GPU leases were lost (for /metrics)
+    # gpuci's own code raised on the host while it held the run: the run ends as failure;
+    # `reason` is the exception, `result` at most {"log_tail": the run's log so far}
+    ERROR = "error"
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,12 @@ class HostMessage:
             raise ProtocolError("retry is a boolean and result an object")
         if self.kind is Kind.FINISHED and not self.result:
             raise ProtocolError("a finished message carries its result")
+        if self.kind is Kind.ERROR:
+            tail = self.result.get("log_tail", "")
+            if set(self.result) - {"log_tail"} or not isinstance(tail, str):
+                raise ProtocolError("an error message's result is at most its log tail (text)")
+            if len(tail) > MAX_LOG_TAIL:
+                raise ProtocolError(f"an error's log tail is over {MAX_LOG_TAIL} characters")
 
 
 def _object(raw: bytes | str, what: str) -> dict[str, Any]:

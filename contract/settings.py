@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
+import urllib.parse
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from contract.config import parse_duration, parse_size
+from contract.redact import redact_text, redact_url
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"  # what an unset REDIS_URL means
 
 
 class SettingsError(ValueError):
@@ -17,7 +22,7 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class Settings:
     # Redis for everything: queues, leases, runs, approvals.
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = DEFAULT_REDIS_URL
     # The GitHub App's webhook secret; `gpuci web` refuses to start without it.
     webhook_secret: str = ""
     # GitHub App id and the path of its PEM private key (events and scheduler processes only).
@@ -43,7 +48,8 @@ class Settings:
     public_repos: str = ""
     # Repositories (same patterns) that are private even when GPUCI_PUBLIC_REPOS matches them.
     private_repos: str = ""
-    # Parent directory of the fresh per-run working directories.
+    # Parent directory of the fresh per-run working directories; empty:
+    # $XDG_CACHE_HOME/gpuci/runs (~/.cache/gpuci/runs without XDG_CACHE_HOME).
     work_dir: str = ""
     # A GPU counts as idle only with at most this much memory used (MiB)...
     idle_memory_mb: int = 256
@@ -87,6 +93,9 @@ class Settings:
     log_format: str = "text"
     # Largest accepted webhook body, bytes (GitHub caps payloads at 25 MB).
     max_body_bytes: int = 25 * 1024 * 1024
+    # Tests only: every run on this host raises at this step of its run path (FAULT_STEPS),
+    # to show that a crash ends the run. Never set in production.
+    test_fault: str = ""
 
     @classmethod
     def from_env(
@@ -100,6 +109,7 @@ class Settings:
             name = _env_name(field.name)
             if name not in env or env[name] == "":
                 continue
+            _refuse_pasted_comment(name, env[name])
             values[field.name] = _convert(name, env[name], field.default)
         settings = cls(**values)  # type: ignore[arg-type]
         _check_units(settings)
@@ -126,6 +136,8 @@ class Settings:
         return tuple(p.strip() for p in getattr(self, name).split(",") if p.strip())
 
 
+# The steps of a GPU host's run path where GPUCI_TEST_FAULT can make it raise, in order.
+FAULT_STEPS = ("sources", "setup", "preflight", "pytest", "results", "store")
 _SIZES = ("cache_max_size", "archive_cache_max_size", "min_free_disk")
 _DURATIONS = ("keep_failed_runs",)
 
@@ -137,6 +149,10 @@ def _check_units(settings: Settings) -> None:
             parse_size(getattr(settings, name))
         except ValueError as exc:
             raise SettingsError(f"{_env_name(name)}: {exc}") from None
+    _check_redis_url(settings.redis_url)
+    if settings.test_fault and settings.test_fault not in FAULT_STEPS:
+        steps = ", ".join(FAULT_STEPS)
+        raise SettingsError(f"GPUCI_TEST_FAULT={settings.test_fault!r} is not one of {steps}")
     for name in _DURATIONS:
         value = getattr(settings, name)
         try:
@@ -144,6 +160,42 @@ def _check_units(settings: Settings) -> None:
                 parse_duration(value)
         except ValueError as exc:
             raise SettingsError(f"{_env_name(name)}: {exc}") from None
+
+
+# A `#` at the start of a value or after whitespace: a comment pasted after the value, which
+# neither systemd's EnvironmentFile= nor the .env reader strips (both keep it in the value).
+_PASTED_COMMENT = re.compile(r"(^|\s)#")
+_SECRETS = ("GPUCI_WEBHOOK_SECRET", "GPUCI_DASHBOARD_TOKEN")
+
+
+def _refuse_pasted_comment(name: str, value: str) -> None:
+    if _PASTED_COMMENT.search(value):
+        shown = repr(redact_text(value if len(value) <= 60 else value[:57] + "..."))
+        if name in _SECRETS:
+            shown = "(the value is not shown)"
+        raise SettingsError(
+            f"{name}={shown} looks like a value with a comment after it: put the comment on "
+            "a line of its own (systemd's EnvironmentFile= and .env files keep everything after "
+            "'=' in the value)"
+        )
+
+
+def _check_redis_url(url: str) -> None:
+    """A REDIS_URL redis-py would choke on (with a traceback) is refused, its password hidden."""
+    parts = urllib.parse.urlsplit(url)
+    problem = ""
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        problem = "it must start with redis://, rediss:// or unix://"
+    elif parts.scheme != "unix" and not re.fullmatch(r"/?[0-9]*", parts.path):
+        problem = f"its database {parts.path.lstrip('/')!r} is not a number"
+    else:
+        try:
+            parts.port  # noqa: B018  (parsing it is the check)
+        except ValueError:
+            problem = "its port is not a number"
+    if problem:
+        example = "redis://USER:PASSWORD@HOST:6379/0"
+        raise SettingsError(f"REDIS_URL={redact_url(url)!r}: {problem} (e.g. {example})")
 
 
 def _env_name(field_name: str) -> str:
@@ -171,13 +223,14 @@ def _replace(settings: Settings, **changes: object) -> Settings:
 
 
 def _read_dotenv(path: Path) -> list[tuple[str, str]]:
-    """KEY=VALUE lines; blank lines and # comments ignored; surrounding quotes removed."""
+    """KEY=VALUE lines; blank lines and comments (lines starting with # or ;, as systemd's
+    EnvironmentFile= reads them) ignored; quotes around a whole value removed."""
     if not path.is_file():
         return []
     pairs = []
     for line in path.read_text().splitlines():
         line = line.strip()
-        if not line or line.startswith("#") or "=" not in line:
+        if not line or line.startswith(("#", ";")) or "=" not in line:
             continue
         key, _, value = line.partition("=")
         value = value.strip()

@@ -25,7 +25,7 @@ LEAST_PERMISSIONS = {
     "checks": "write",
     "contents": "read",
     "pull_requests": "write",
-    "issues": "write",
+    "issues": "read",
     "metadata": "read",
 }
 EVENTS = {"pull_request", "issue_comment", "check_run", "check_suite"}

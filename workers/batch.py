@@ -275,6 +275,7 @@ def run_request(
         run_as=settings.run_as,
         gpu_minors=tuple(g.minor_number for g in gpus if g.minor_number is not None),
         gpu_uuids=tuple(g.uuid for g in gpus),
+        fault_at=settings.test_fault,
         **parts,
     )
 

@@ -18,8 +18,12 @@ from contract.results import GpuInfo, GpuProcess
 SIM_EXAMPLES = (
     "sim:8xH20-96GB, sim:2xA100-80GB,1xT4-16GB, sim:4xFOO-24GB-cc8.6, sim:/path/gpus.json"
 )
-SIMULATE_HINT = (
-    "set GPUCI_GPU_BACKEND=sim:8xH20-96GB (or sim:/path/gpus.json) to use simulated GPUs"
+# What to do when NVML does not load: on a GPU host that is a driver problem, never a reason
+# to simulate GPUs (runs would pass without touching one).
+DRIVER_HINT = (
+    "check the NVIDIA driver first: `nvidia-smi` must list this host's GPUs (install or repair "
+    "the driver; libnvidia-ml.so.1 must load). Only on a machine without GPUs, for tests and "
+    "demos, set GPUCI_GPU_BACKEND=sim:8xH20-96GB"
 )
 SIM_DRIVER = "sim"
 SIM_CUDA = "12.4"
@@ -90,7 +94,7 @@ class NvmlBackend:
             self._nvml.nvmlInit()
         except pynvml.NVMLError as exc:
             reason = str(exc) or type(exc).__name__
-            raise NvmlUnavailable(f"NVML is unavailable ({reason}); {SIMULATE_HINT}") from exc
+            raise NvmlUnavailable(f"NVML is unavailable ({reason}); {DRIVER_HINT}") from exc
 
     def close(self) -> None:
         with contextlib.suppress(pynvml.NVMLError):

@@ -19,13 +19,17 @@ from typing import Any, TypeVar
 
 import requests
 from redis import Redis
+from redis.exceptions import RedisError
 
 from contract import keys, leases
 from contract.config import Batch, Config, ConfigError, Runtime, load_config
-from contract.hostlink import HostMessage, Kind, ProtocolError, Ticket
+from contract.hostlink import MAX_TEXT, HostMessage, Kind, ProtocolError, Ticket
 from contract.leases import UNREACHABLE
+from contract.redact import redact_text
+from contract.redis_errors import connect, redis_problem
 from contract.roles import is_sha, role_from_api
 from contract.settings import Settings
+from workers import faults
 from workers.batch import BatchResult, conclude_run, run_request
 from workers.cleanup import disk_problem, finish_workdir, sweep_workdirs, trim_archives
 from workers.gpus import GpuBackend, GpuState, gpu_states, inventory_entry, open_backend
@@ -39,6 +43,7 @@ T = TypeVar("T")
 HOST_TTL_S = 15  # a host whose heartbeat is older than this is drained by the scheduler
 HEARTBEAT_S = 3.0
 JUNIT_MAX_BYTES = 8 * 1024 * 1024  # compressed; larger JUnit files are not kept (summary is)
+ERROR_LOG_TAIL_BYTES = 16 * 1024  # of a crashed run's log, sent with the error
 REDIS_RETRY_S = (0.5, 1.0, 2.0, 3.0)  # waits while Redis is unreachable (restarting), then 3 s
 # How long one step of a run (its start, its result, its completion) waits for an unreachable
 # Redis before failing.
@@ -105,9 +110,8 @@ class HostHeartbeat(threading.Thread):
             try:
                 publish_host(self.conn, self.settings, self.backend, self.slots, self.runtimes)
             except UNREACHABLE as exc:  # keep beating: a Redis restart must not kill the host
-                log.warning(
-                    "host heartbeat: Redis unreachable (%s), retrying in %g s", exc, HEARTBEAT_S
-                )
+                why = redis_problem(exc)
+                log.warning("host heartbeat: Redis %s, retrying in %g s", why, HEARTBEAT_S)
             except Exception as exc:
                 log.warning("host heartbeat failed: %s", exc)
             self.stopped.wait(HEARTBEAT_S)
@@ -132,9 +136,9 @@ def through_outage(what: str, step: Callable[[], T], patience_s: float = REDIS_P
             waited = time.monotonic() - started
             delay = REDIS_RETRY_S[min(attempt, len(REDIS_RETRY_S) - 1)]
             if waited + delay > patience_s:
-                log.error("%s: Redis unreachable for %.0f s (%s); giving up", what, waited, exc)
+                log.error("%s: Redis %s for %.0f s; giving up", what, redis_problem(exc), waited)
                 raise
-            log.warning("%s: Redis unreachable (%s), retrying in %g s", what, exc, delay)
+            log.warning("%s: Redis %s, retrying in %g s", what, redis_problem(exc), delay)
             time.sleep(delay)
             attempt += 1
 
@@ -222,7 +226,7 @@ class Host:
                 "LEFT",
             )
         except UNREACHABLE as exc:
-            log.warning("taking tickets: Redis unreachable (%s), retrying", exc)
+            log.warning("taking tickets: Redis %s, retrying", redis_problem(exc))
             time.sleep(REDIS_RETRY_S[-1])
             return None
         return raw
@@ -254,8 +258,41 @@ class Host:
 
     def _reap(self) -> None:
         for name, child in list(self.children.items()):
-            if child.poll() is not None:
-                del self.children[name]
+            code = child.poll()
+            if code is None:
+                continue
+            del self.children[name]
+            if code != 0 and not self.stopping.is_set():
+                self._run_process_died(name.partition(":")[0], code)
+
+    def _run_process_died(self, run_id: str, code: int) -> None:
+        """A run's process died without ending its run (killed, out of memory): the bot hears
+        it as a gpuci error, and its ticket is forgotten."""
+        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        log.error("run=%s its process died (%s)", run_id, how)
+        ticket = self._taken_ticket(run_id)
+        if ticket is None:  # it had ended its run and forgotten the ticket before dying
+            return
+        failure = RuntimeError(f"the run's process on {self.settings.host} died ({how})")
+        if _crashed(self.conn, self.settings, ticket, failure):
+            through_outage(
+                f"run={run_id} forget the ticket",
+                lambda: _forget(self.conn, self.settings.host, ticket),
+            )
+
+    def _taken_ticket(self, run_id: str) -> Ticket | None:
+        host = self.settings.host
+        taken = through_outage(
+            "read taken tickets", lambda: self.conn.lrange(keys.host_taken(host), 0, -1)
+        )
+        for raw in taken:
+            try:
+                ticket = Ticket.from_json(raw)
+            except ProtocolError:
+                continue
+            if ticket.run_id == run_id:
+                return ticket
+        return None
 
     def _retire_spare(self) -> None:
         """End the spare: an empty stdin tells it there is no ticket."""
@@ -292,7 +329,7 @@ def main() -> int:
     raw = sys.stdin.buffer.read()  # a spare waits here, its imports done
     if not raw:
         return 0  # the worker is stopping: no ticket came
-    conn = Redis.from_url(settings.redis_url)
+    conn = connect(settings.redis_url)  # a refused command names its key
     signal.signal(signal.SIGTERM, lambda *_: SHUTDOWN.set())
     run_ticket(conn, settings, raw)
     return 0
@@ -320,16 +357,58 @@ def run_ticket(conn: Redis, settings: Settings, raw: bytes) -> str:
         log.error("refusing a ticket that is not one (%s)", exc)
         through_outage("drop a bad ticket", lambda: conn.lrem(keys.host_taken(host), 1, raw))  # type: ignore[arg-type]
         return f"bad ticket: {exc}"
-    backend = open_backend(settings.gpu_backend) if ticket.gpu_indices else None
+    told = True  # whether the bot heard how the run ended
     try:
+        backend = open_backend(settings.gpu_backend) if ticket.gpu_indices else None
         return _execute(conn, settings, backend, ticket)
+    except Exception as exc:  # whatever raises on the run path ends the run, visibly
+        told = _crashed(conn, settings, ticket, exc)
+        return f"run {ticket.run_id}: gpuci error: {exc}"
     finally:
         _release(conn, settings, ticket)
-        through_outage(
-            f"run={ticket.run_id} forget the ticket",
-            lambda: _forget(conn, host, ticket),
-        )
+        if told:  # else the ticket stays taken: the worker's next start reports the run lost
+            through_outage(
+                f"run={ticket.run_id} forget the ticket",
+                lambda: _forget(conn, host, ticket),
+            )
         sweep_workdirs(Path(settings.work_dir), time.time())
+
+
+def _crashed(conn: Redis, settings: Settings, ticket: Ticket, exc: Exception) -> bool:
+    """gpuci's own code raised while it held the run: the bot hears it, with the run's log so
+    far, and fails the run ("gpuci error on HOST: ..."); the traceback goes to this log.
+    Whether the bot could be told."""
+    log.error(
+        "run=%s repo=%s sha=%s gpuci error", ticket.run_id, ticket.repo, ticket.sha, exc_info=exc
+    )
+    if isinstance(exc, RedisError):  # "Redis permission denied: for SET on key ...", ...
+        what = f"Redis {redis_problem(exc)}"[:MAX_TEXT]
+    else:
+        what = redact_text(f"{type(exc).__name__}: {exc}")[:MAX_TEXT]
+    tail = _log_tail_of(settings, ticket)
+    message = HostMessage(
+        Kind.ERROR, ticket.run_id, ticket.lease_owner, what, result={"log_tail": tail}
+    )
+    try:
+        send(conn, settings.host, message)
+    except Exception as failed:  # Redis gone for good, or refusing the message
+        why = redis_problem(failed) if isinstance(failed, RedisError) else repr(failed)
+        log.error("run=%s the bot could not be told of the error: %s", ticket.run_id, why)
+        return False
+    return True
+
+
+def _log_tail_of(settings: Settings, ticket: Ticket) -> str:
+    """The end of the run's output log, if the run got a directory (the newest of its id)."""
+    found = sorted(
+        Path(settings.work_dir).glob(f"run-{ticket.run_id}-*/output.log"),
+        key=lambda path: path.stat().st_mtime,
+    )
+    if not found:
+        return ""
+    with found[-1].open("rb") as logged:
+        logged.seek(max(0, found[-1].stat().st_size - ERROR_LOG_TAIL_BYTES))
+        return logged.read().decode("utf-8", "replace")
 
 
 def _forget(conn: Redis, host: str, ticket: Ticket) -> None:
@@ -373,7 +452,10 @@ def _execute(conn: Redis, settings: Settings, backend: GpuBackend | None, ticket
             HostMessage(Kind.LEASE_LOST, ticket.run_id, ticket.lease_owner, "heartbeat"),
         )
     _finish(conn, settings, ticket, result)
-    _clean_up(settings, result)
+    try:  # the bot has the result: nothing that fails here may end the run again
+        _clean_up(settings, result)
+    except OSError as exc:
+        log.warning("run=%s its directory was not cleaned up: %s", ticket.run_id, exc)
     return f"run {ticket.run_id}: {result.conclusion.value} - {result.title}"
 
 
@@ -520,6 +602,7 @@ def _run(
         outcome = _failed_outcome(settings, str(exc))
     finally:
         cancel.set()  # also stops the watcher
+    faults.inject(settings.test_fault, "results")
     return conclude_run(settings, batch, ticket.sha, gpus, outcome)
 
 
@@ -601,6 +684,7 @@ def _finish(conn: Redis, settings: Settings, ticket: Ticket, result: BatchResult
     """Upload the JUnit XML, then tell the bot the run's report; each step waits out a Redis
     restart. The bot judges the report itself, with its own config."""
     tag = f"run={ticket.run_id}"
+    faults.inject(settings.test_fault, "store")
     junit = result.outcome.junit_path
     if junit is not None and junit.is_file():
         packed = gzip.compress(junit.read_bytes())

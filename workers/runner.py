@@ -21,7 +21,7 @@ from typing import IO
 
 from contract.config import Batch, Config, Runtime
 from contract.redact import has_credentials
-from workers import cleanup, containers, procs, sandbox
+from workers import cleanup, containers, faults, procs, sandbox
 from workers.archive import ArchiveError, extract_archive
 from workers.caches import CachePlan, CacheUse, prepare_caches
 from workers.envs import EnvError, Layer, PythonLayout, inspect_python
@@ -68,6 +68,7 @@ class RunRequest:
     gpu_minors: tuple[int, ...] = ()  # /dev/nvidia<minor> of gpu_indices (sandbox only)
     gpu_uuids: tuple[str, ...] = ()  # real GPUs' UUIDs: CUDA_VISIBLE_DEVICES names these
     container: containers.ContainerHost | None = None  # the engine, for `image:` runtimes
+    fault_at: str = ""  # tests only (GPUCI_TEST_FAULT): raise at this step (workers/faults.py)
 
     @property
     def runtime(self) -> Runtime:
@@ -311,6 +312,7 @@ class _Run:
             self.log.note(problem)
             return _Ending(setup_failed=True)
         src = self.box / "src"
+        faults.inject(self.req.fault_at, "setup")
         if self.container is not None:
             step = self._start_container()
             if step.interrupted or step.exit_code != 0:
@@ -327,12 +329,14 @@ class _Run:
                 return _Ending.interrupted(step)
             if step.exit_code != 0:
                 return _Ending(setup_failed=True)
+        faults.inject(self.req.fault_at, "preflight")
         if self._needs_preflight():
             error, step = self._preflight(src)
             if step.interrupted:
                 return _Ending.interrupted(step)
             if error:
                 return _Ending(preflight_error=error)
+        faults.inject(self.req.fault_at, "pytest")
         step = self.child(self._pytest_command(), src, "pytest")
         if step.interrupted:
             return _Ending.interrupted(step)
@@ -388,6 +392,7 @@ class _Run:
 
     def _sources(self) -> str | None:
         source, dest = self.req.source, self.box / "src"
+        faults.inject(self.req.fault_at, "sources")
         try:
             if source.is_dir():
                 dest.rmdir()
