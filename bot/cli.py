@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from contract.redact import redact_url
 from contract.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -315,6 +314,7 @@ def cmd_run_batch(args: argparse.Namespace, settings: Settings) -> int:
     from redis.exceptions import RedisError
 
     from contract.config import ConfigError, check_file, load_config
+    from contract.redis_errors import describe
     from workers.batch import BatchError, run_on_host, source_sha
     from workers.gpus import GpuBackendError
 
@@ -340,8 +340,8 @@ def cmd_run_batch(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_UNUSABLE
     except RedisError as exc:
         print(
-            f"gpuci run-batch: Redis at {redact_url(settings.redis_url)} is unreachable ({exc}); "
-            "GPU leases live there: start redis-server or set REDIS_URL",
+            f"gpuci run-batch: {describe(exc, settings.redis_url)}; GPU leases live there: "
+            "start redis-server or set REDIS_URL",
             file=sys.stderr,
         )
         return EXIT_UNUSABLE

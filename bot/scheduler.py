@@ -29,6 +29,7 @@ from contract import keys, leases
 from contract.config import Batch, ConfigError, HostGpu, Layer, cron_matches, load_config
 from contract.hostlink import Ticket
 from contract.leases import UNREACHABLE
+from contract.redis_errors import redis_problem
 
 log = logging.getLogger("gpuci.scheduler")
 
@@ -544,7 +545,7 @@ def main_loop(
                 wait_s = TICK_S
             except UNREACHABLE as exc:
                 wait_s = min(wait_s * 2, REDIS_WAIT_MAX_S)
-                log.warning("Redis unreachable (%s), retrying in %g s", exc, wait_s)
+                log.warning("Redis: %s; retrying in %g s", redis_problem(exc), wait_s)
             except Exception:
                 log.exception("scheduling round failed; trying again")
             _sleep_unless(stop, wait_s)
