@@ -182,11 +182,11 @@ def _finished(conn: Redis, host: str, message: HostMessage) -> str:
     verdict = judge(result, batch=run.batch, allow_no_tests=allow_no_tests, sha=run.sha, host=host)
     store_result(conn, run.run_id, verdict.data, verdict.output.__dict__, result.log_tail)
     _take_junit(conn, host, run.run_id)
+    leases.release(conn, host, run.gpus, run.lease_owner)  # before the run reads as finished
     current = runs.get_run(conn, run.run_id) or run
     runs.finish_run(conn, current, conclusion=verdict.conclusion.value, title=verdict.title)
     if result.duration_s and not (result.cancelled or result.timed_out):
         runs.record_duration(conn, run.repo, run.batch, result.duration_s)
-    leases.release(conn, host, run.gpus, run.lease_owner)
     report(conn, run.run_id)
     log.info(
         "run=%s repo=%s sha=%s batch=%s host=%s finished: %s - %s",

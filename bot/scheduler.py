@@ -545,19 +545,13 @@ def main_loop(
                 wait_s = TICK_S
             except UNREACHABLE as exc:
                 wait_s = min(wait_s * 2, REDIS_WAIT_MAX_S)
-                log.warning("Redis: %s; retrying in %g s", redis_problem(exc), wait_s)
+                log.warning("Redis %s, retrying in %g s", redis_problem(exc), wait_s)
             except Exception:
                 log.exception("scheduling round failed; trying again")
-            _sleep_unless(stop, wait_s)
+            time.sleep(wait_s)  # a SIGTERM meanwhile stops the loop after this pause
     finally:
         with contextlib.suppress(*UNREACHABLE):  # else the lock lapses within its TTL
             leadership.resign()
-
-
-def _sleep_unless(stop: Callable[[], bool], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not stop() and time.monotonic() < deadline:
-        time.sleep(min(0.2, seconds))
 
 
 def _lead(leadership: Leadership, last: _LastRun) -> Fence | None:
