@@ -17,15 +17,16 @@ from typing import Any
 
 from redis import Redis
 
-from bot import runs
+from bot import history, runs
 from bot.reporting import report
 from bot.runs import Run, RunState
 from contract import keys, leases
-from contract.checks import judge
+from contract.checks import Verdict, judge
 from contract.config import ConfigError, load_config
 from contract.hostlink import HOST_NAME, HostMessage, Kind, ProtocolError, Ticket
 from contract.leases import UNREACHABLE
 from contract.results import ResultError, RunReport
+from contract.settings import Settings
 
 log = logging.getLogger("gpuci.hostlink")
 
@@ -179,6 +180,7 @@ def _finished(conn: Redis, host: str, message: HostMessage) -> str:
     except (ConfigError, KeyError):
         allow_no_tests = False
     verdict = judge(result, batch=run.batch, allow_no_tests=allow_no_tests, sha=run.sha, host=host)
+    verdict = _against_history(conn, run, result, verdict)
     store_result(conn, run.run_id, verdict.data, verdict.output.__dict__, result.log_tail)
     _take_junit(conn, host, run.run_id)
     current = runs.get_run(conn, run.run_id) or run
@@ -192,6 +194,18 @@ def _finished(conn: Redis, host: str, message: HostMessage) -> str:
         run.run_id, run.repo, run.sha, run.batch, host, verdict.conclusion.value, verdict.title,
     )  # fmt: skip
     return "finished"
+
+
+def _against_history(conn: Redis, run: Run, result: RunReport, verdict: Verdict) -> Verdict:
+    """The verdict with each failure's class against the default branch, the run recorded."""
+    policy, bounds = history.from_settings(Settings.from_env())
+    try:
+        mode = load_config(run.config_text, ".gpuci.yml").conclusion
+    except ConfigError:
+        mode = "strict"
+    return history.judge_with_history(
+        conn, run, result, verdict, mode=mode, policy=policy, bounds=bounds
+    )
 
 
 def _lease_lost(conn: Redis, host: str, message: HostMessage) -> str:

@@ -263,3 +263,49 @@ def redeliver_checked() -> str:
     """String: epoch seconds of the last look at GitHub's failed webhook deliveries (the next
     look starts there, less an overlap); never expires."""
     return f"{PREFIX}:redeliver:checked"
+
+
+# --- test history (bot/history.py) -----------------------------------------------------------
+# Per repository: test ids interned once; per batch and branch (the default branch, or one PR)
+# the last runs' records, newest first, trimmed to the bounds of GPUCI_HISTORY_*.
+
+
+def history_test_numbers(repo: str) -> str:
+    """Hash test id -> its number in the repository's history (numbers from history_counter)."""
+    return f"{PREFIX}:history:{repo.lower()}:tests"
+
+
+def history_test_names(repo: str) -> str:
+    """Hash number -> test id: the other way round."""
+    return f"{PREFIX}:history:{repo.lower()}:names"
+
+
+def history_counter(repo: str) -> str:
+    """String (INCR): the last test number handed out in the repository."""
+    return f"{PREFIX}:history:{repo.lower()}:test-count"
+
+
+def history_runs(repo: str, batch: str, branch: str) -> str:
+    """List: run ids of the batch's recorded runs on `branch` ("default" or "pr:N"), newest
+    first; PR lists expire 30 days after their last run."""
+    return f"{PREFIX}:history:{repo.lower()}:{batch}:{branch}:runs"
+
+
+def history_trend(repo: str, batch: str, branch: str) -> str:
+    """List (JSON): the same runs' sha, time, duration and counts, newest first (plots)."""
+    return f"{PREFIX}:history:{repo.lower()}:{batch}:{branch}:trend"
+
+
+def history_record_prefix(repo: str) -> str:
+    return f"{PREFIX}:history:{repo.lower()}:record:"
+
+
+def history_record(repo: str, run_id: str) -> str:
+    """String (zlib JSON): one recorded run: its metadata, then one column per field (test
+    numbers, outcome letters, milliseconds, reruns, skip reasons)."""
+    return f"{history_record_prefix(repo)}{run_id}"
+
+
+def history_failing(repo: str, batch: str) -> str:
+    """Hash test number -> JSON {sha, at}: tests failing on the default branch, since which run."""
+    return f"{PREFIX}:history:{repo.lower()}:{batch}:failing"

@@ -63,4 +63,12 @@ def report_line(report: pytest.TestReport) -> dict[str, Any]:
     }
     if report.failed and str(report.longrepr).startswith("[XPASS(strict)]"):
         line["xpass_strict"] = True
+    if report.skipped and wasxfail is None:
+        line["reason"] = skip_reason(report.longrepr)
     return line
+
+
+def skip_reason(longrepr: Any) -> str:
+    """What `pytest -rs` prints for a skip: its longrepr is (path, line, "Skipped: why")."""
+    text = str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else ""
+    return text.removeprefix("Skipped: ").strip()[:1000] or "(no reason given)"

@@ -1,0 +1,155 @@
+"""The test history: each test's outcome from a real pytest run, kept in a real Redis within
+its bounds, and read back as the baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+from bot import history
+from bot.classify import Policy
+from bot.runs import Run, RunState, RunTrigger
+from contract import keys
+from contract.checks import judge
+from contract.outcomes import TestOutcome
+from contract.results import Failure, RunReport, Summary
+from tests.test_junit import OUTCOMES, run_suite
+from workers.junit import parse_junit
+from workers.outcomes import read_outcomes
+
+CASES = "tests/test_outcomes.py::"
+
+
+def test_each_test_gets_the_outcome_pytest_reports(tmp_path: Path) -> None:
+    ran = run_suite(tmp_path, OUTCOMES, "--reruns", "1")
+
+    found = {t.test_id.removeprefix(CASES): t for t in read_outcomes(ran.report)}
+
+    outcomes = {name: t.outcome for name, t in found.items()}
+    assert outcomes["test_pass"] == "p"
+    assert outcomes["test_fail"] == "f"
+    assert outcomes["TestOptimizer::test_diverges"] == "f"
+    assert outcomes["test_four_gpus_a"] == "s"
+    assert outcomes["test_xfail_mark"] == outcomes["test_xfail_call"] == "x"
+    assert outcomes["test_xpass"] == "X"
+    assert outcomes["test_xpass_strict"] == "f"
+    assert outcomes["test_setup_error"] == outcomes["test_teardown_error"] == "e"
+    assert outcomes["test_fail_and_teardown_error"] == "f"
+    assert (outcomes["test_flaky"], found["test_flaky"].reruns) == ("p", 1)
+    assert found["test_fail"].reruns == 1  # rerun once, failed again
+    assert found["test_four_gpus_a"].reason == "needs 4 GPUs"
+    assert found["test_runtime_skip"].reason == "FlashAttention-2 not installed"
+    # one outcome per test, as many as pytest counts but the module skipped at collection
+    # (test_module_skip.py: JUnit alone has it, and a module is no test to follow)
+    summary = parse_junit([ran.junit], ran.report)
+    assert len(found) == summary.tests - 1
+    assert sum(1 for o in outcomes.values() if o == "s") == summary.skipped - 1
+
+
+def test_no_report_means_no_outcomes(tmp_path: Path) -> None:
+    assert read_outcomes(None) == []
+    assert read_outcomes(tmp_path / "missing.jsonl") == []
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    assert read_outcomes(tmp_path / "bad.jsonl") == []
+
+
+def test_the_report_carries_the_outcomes_through_json() -> None:
+    tests = [TestOutcome("t::a", "p", 0.25), TestOutcome("t::b", "s", 0.0, 0, "no GPU")]
+    tests.append(TestOutcome("t::c", "f", 1.5, 2))
+    report = RunReport(summary=Summary(tests=3), tests=tests)
+
+    assert RunReport.from_json(report.to_json()).tests == tests
+
+
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        ({"ids": ["a"], "outcomes": "q", "ms": [1]}, "one letter"),
+        ({"ids": ["a"], "outcomes": "pp", "ms": [1]}, "one letter"),
+        ({"ids": [""], "outcomes": "p", "ms": [1]}, "tests.ids"),
+        ({"ids": ["a"], "outcomes": "p", "ms": [-1]}, "milliseconds"),
+        ({"ids": ["a"], "outcomes": "p", "ms": [1], "reruns": {"5": 1}}, "not the index"),
+        ({"ids": ["a"], "outcomes": "p", "ms": [1], "reasons": {"0": 3}}, "values must be str"),
+        ([1, 2], "object of columns"),
+    ],
+)
+def test_a_malformed_test_list_is_refused_saying_which_column(
+    columns: object, message: str
+) -> None:
+    data = RunReport(summary=Summary()).to_json()
+    data["tests"] = columns
+    with pytest.raises(ValueError, match=message):
+        RunReport.from_json(data)
+
+
+def _run(run_id: str, pr: int = 0, batch: str = "cpu") -> Run:
+    return Run(
+        run_id=run_id, repo="acme/Lib", installation_id=1, pr=pr, sha=run_id.zfill(40),
+        batch=batch, trigger=RunTrigger.SCHEDULE, requested_by="", state=RunState.RUNNING,
+        created_at=0.0, updated_at=0.0, host="h1",
+    )  # fmt: skip
+
+
+def _record(conn: Redis, run: Run, outcomes: dict[str, str], bounds: history.Bounds) -> str:
+    failures = [Failure(t, "failure", "x") for t, o in outcomes.items() if o == "f"]
+    tests = [TestOutcome(t, o, 0.5) for t, o in outcomes.items()]
+    summary = Summary(tests=len(tests), passed=len(tests) - len(failures), failed=len(failures))
+    summary.failures = failures
+    report = RunReport(summary=summary, tests=tests)
+    verdict = judge(report, batch=run.batch, allow_no_tests=False, sha=run.sha, host="h1")
+    judged = history.judge_with_history(
+        conn, run, report, verdict, mode="strict", policy=Policy(), bounds=bounds
+    )
+    return judged.title
+
+
+def test_the_history_stays_within_its_bounds(redis_conn: Redis) -> None:
+    bounds = history.Bounds(default_runs=5, pr_runs=2)
+    for n in range(1, 13):
+        _record(redis_conn, _run(str(n)), {"t::a": "p", f"t::new{n % 3}": "p"}, bounds)
+        _record(redis_conn, _run(f"{100 + n}", pr=7), {"t::a": "p"}, bounds)
+
+    assert history.run_count(redis_conn, "acme/lib", "cpu") == 5
+    assert history.run_count(redis_conn, "acme/lib", "cpu", "pr:7") == 2
+    records = redis_conn.keys(keys.history_record_prefix("acme/lib") + "*")
+    assert len(records) == 7  # the runs that fell off are deleted with their lists' entries
+    assert [e["run"] for e in history.trend(redis_conn, "acme/lib", "cpu")] == [
+        "12", "11", "10", "9", "8"
+    ]  # fmt: skip
+    # test ids are interned once: 4 distinct tests, however many runs
+    assert redis_conn.hlen(keys.history_test_numbers("acme/lib")) == 4
+    assert redis_conn.ttl(keys.history_runs("acme/lib", "cpu", "pr:7")) > 0
+    assert redis_conn.ttl(keys.history_runs("acme/lib", "cpu", "default")) == -1
+
+
+def test_failing_streaks_start_and_end_on_the_default_branch(redis_conn: Redis) -> None:
+    bounds = history.Bounds()
+    _record(redis_conn, _run("1"), {"t::a": "p", "t::b": "p"}, bounds)
+    _record(redis_conn, _run("2"), {"t::a": "f", "t::b": "p"}, bounds)
+    title = _record(redis_conn, _run("3"), {"t::a": "f", "t::b": "f"}, bounds)
+
+    assert title.startswith("1 new failure; 1 already failing on the default branch · ")
+    _, since = history.read_baseline(redis_conn, "acme/lib", "cpu", 20)
+    names = ["t::a", "t::b"]
+    numbers = dict(zip(names, history.intern(redis_conn, "acme/lib", names), strict=True))
+    assert since[numbers["t::a"]].sha == "2".zfill(40)  # since run 2, not 3
+    _record(redis_conn, _run("4"), {"t::a": "p", "t::b": "f"}, bounds)
+    _, since = history.read_baseline(redis_conn, "acme/lib", "cpu", 20)
+    assert set(since) == {numbers["t::b"]}  # a passed again: its streak ended
+    # a PR's run changes no streak
+    _record(redis_conn, _run("5", pr=3), {"t::a": "f", "t::b": "p"}, bounds)
+    assert set(history.read_baseline(redis_conn, "acme/lib", "cpu", 20)[1]) == {numbers["t::b"]}
+
+
+def test_a_test_page_reads_its_outcomes_newest_first(redis_conn: Redis) -> None:
+    bounds = history.Bounds()
+    for n, outcome in enumerate("ppfs", start=1):
+        _record(redis_conn, _run(str(n)), {"t::a": outcome, "t::b": "p"}, bounds)
+    _record(redis_conn, _run("9"), {"t::b": "p"}, bounds)
+
+    strip = history.test_history(redis_conn, "acme/lib", "cpu", "t::a")
+
+    assert [e["outcome"] for e in strip] == ["-", "s", "f", "p", "p"]
+    assert strip[1]["seconds"] == 0.5
