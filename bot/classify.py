@@ -20,6 +20,7 @@ PASSING = frozenset((Outcome.PASSED, Outcome.XPASSED))
 STRICT = "strict"
 NEW_FAILURES = "new_failures"
 CONCLUSION_MODES = (STRICT, NEW_FAILURES)
+ROWS_SHOWN = 100  # per list in the Check Run; the title's counts and the run page have all
 
 
 @dataclass(frozen=True)
@@ -214,21 +215,37 @@ def history_section(c: Classification[K], names: Mapping[K, str]) -> str:
     """The Check Run's "Against the default branch" section; "" when there is nothing to say."""
     lines: list[str] = []
     if c.failures:
-        rows = [
-            f"| {inline(names[f.test])} | {f.kind} | {inline(f.why)} |"
-            for f in sorted(c.failures, key=lambda f: _ORDER.index(f.kind))
-        ]
+        shown = sorted(c.failures, key=lambda f: _ORDER.index(f.kind))[:ROWS_SHOWN]
+        rows = [f"| {inline(names[f.test])} | {f.kind.value} | {inline(f.why)} |" for f in shown]
         lines += ["| failed test | class | why |", "|---|---|---|", *rows, ""]
-    lines += [f"- {inline(names[t])}: flaky, passed on a rerun in this run" for t in c.rerun_passes]
-    lines += [
-        f"- {inline(names[t])}: skipped here ({inline(why)}), passed on the default branch"
-        for t, why in c.newly_skipped
-    ]
-    lines += [
-        f"- {inline(names[t])}: XPASS here and in the default branch's last {n} runs:"
-        " remove the xfail marker"
-        for t, n in c.stale_xfails
-    ]
+        if len(c.failures) > len(shown):
+            lines += [f"{len(c.failures) - len(shown)} more failures not listed here; the run"
+                      " page lists them all.", ""]  # fmt: skip
+    lines += _capped(
+        [
+            f"- {inline(names[t])}: flaky, passed on a rerun in this run"
+            for t in c.rerun_passes[:ROWS_SHOWN]
+        ],
+        len(c.rerun_passes),
+        "flaky passes",
+    )
+    lines += _capped(
+        [
+            f"- {inline(names[t])}: skipped here ({inline(why)}), passed on the default branch"
+            for t, why in c.newly_skipped[:ROWS_SHOWN]
+        ],
+        len(c.newly_skipped),
+        "newly skipped tests",
+    )
+    lines += _capped(
+        [
+            f"- {inline(names[t])}: XPASS here and in the default branch's last {n} runs:"
+            " remove the xfail marker"
+            for t, n in c.stale_xfails[:ROWS_SHOWN]
+        ],
+        len(c.stale_xfails),
+        "such XPASSes",
+    )
     if c.baseline_skipped is not None and c.skipped != c.baseline_skipped:
         lines.append(
             f"- {c.skipped} skipped; the default branch's latest run skipped {c.baseline_skipped}"
@@ -237,6 +254,13 @@ def history_section(c: Classification[K], names: Mapping[K, str]) -> str:
         return ""
     where = f"the last {c.baseline_runs} runs" if c.baseline_runs else "no runs yet"
     return f"### Against the default branch ({where})\n\n" + "\n".join(lines) + "\n"
+
+
+def _capped(lines: list[str], total: int, what: str) -> list[str]:
+    more = total - len(lines)
+    return (
+        [*lines, f"- and {more} more {what} (the run page lists them all)"] if more > 0 else lines
+    )
 
 
 _ORDER = [
@@ -304,7 +328,7 @@ def classification_json(c: Classification[K], names: Mapping[K, str]) -> dict[st
     """The classification as the run page and `gpuci history --json` show it."""
     return {
         "failures": [
-            {"test_id": names[f.test], "class": str(f.kind), "why": f.why} for f in c.failures
+            {"test_id": names[f.test], "class": f.kind.value, "why": f.why} for f in c.failures
         ],
         "rerun_passes": [names[t] for t in c.rerun_passes],
         "newly_skipped": [{"test_id": names[t], "reason": why} for t, why in c.newly_skipped],

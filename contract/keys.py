@@ -266,23 +266,9 @@ def redeliver_checked() -> str:
 
 
 # --- test history (bot/history.py) -----------------------------------------------------------
-# Per repository: test ids interned once; per batch and branch (the default branch, or one PR)
-# the last runs' records, newest first, trimmed to the bounds of GPUCI_HISTORY_*.
-
-
-def history_test_numbers(repo: str) -> str:
-    """Hash test id -> its number in the repository's history (numbers from history_counter)."""
-    return f"{PREFIX}:history:{repo.lower()}:tests"
-
-
-def history_test_names(repo: str) -> str:
-    """Hash number -> test id: the other way round."""
-    return f"{PREFIX}:history:{repo.lower()}:names"
-
-
-def history_counter(repo: str) -> str:
-    """String (INCR): the last test number handed out in the repository."""
-    return f"{PREFIX}:history:{repo.lower()}:test-count"
+# Tests are numbered by a hash of their id (bot.history.test_number): no table of ids. Per
+# batch and branch (the default branch, or one PR) the last runs' records, newest first,
+# trimmed to the bounds of GPUCI_HISTORY_*.
 
 
 def history_runs(repo: str, batch: str, branch: str) -> str:
@@ -301,11 +287,13 @@ def history_record_prefix(repo: str) -> str:
 
 
 def history_record(repo: str, run_id: str) -> str:
-    """String (zlib JSON): one recorded run: its metadata, then one column per field (test
-    numbers, outcome letters, milliseconds, reruns, skip reasons)."""
+    """String (zlib): one recorded run (bot.history.Record): a JSON head (the run, its host,
+    GPU and runtime, reruns and skip reasons) and a column per field (test numbers, outcome
+    letters, milliseconds); 30 days for a PR's runs, trimmed by count on the default branch."""
     return f"{history_record_prefix(repo)}{run_id}"
 
 
 def history_failing(repo: str, batch: str) -> str:
-    """Hash test number -> JSON {sha, at}: tests failing on the default branch, since which run."""
+    """Hash test number -> JSON {sha, at, id}: tests failing on the default branch, since which
+    run (the first of their current streak)."""
     return f"{PREFIX}:history:{repo.lower()}:{batch}:failing"

@@ -3,6 +3,7 @@ its bounds, and read back as the baseline."""
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import pytest
@@ -118,8 +119,10 @@ def test_the_history_stays_within_its_bounds(redis_conn: Redis) -> None:
     assert [e["run"] for e in history.trend(redis_conn, "acme/lib", "cpu")] == [
         "12", "11", "10", "9", "8"
     ]  # fmt: skip
-    # test ids are interned once: 4 distinct tests, however many runs
-    assert redis_conn.hlen(keys.history_test_numbers("acme/lib")) == 4
+    # a record holds numbers, not ids: no id text in it, whatever the runs
+    packed = redis_conn.get(records[0])
+    assert isinstance(packed, bytes)
+    assert b"t::a" not in zlib.decompress(packed)
     assert redis_conn.ttl(keys.history_runs("acme/lib", "cpu", "pr:7")) > 0
     assert redis_conn.ttl(keys.history_runs("acme/lib", "cpu", "default")) == -1
 
@@ -133,7 +136,7 @@ def test_failing_streaks_start_and_end_on_the_default_branch(redis_conn: Redis) 
     assert title.startswith("1 new failure; 1 already failing on the default branch · ")
     _, since = history.read_baseline(redis_conn, "acme/lib", "cpu", 20)
     names = ["t::a", "t::b"]
-    numbers = dict(zip(names, history.intern(redis_conn, "acme/lib", names), strict=True))
+    numbers = dict(zip(names, history.test_numbers(names), strict=True))
     assert since[numbers["t::a"]].sha == "2".zfill(40)  # since run 2, not 3
     _record(redis_conn, _run("4"), {"t::a": "p", "t::b": "f"}, bounds)
     _, since = history.read_baseline(redis_conn, "acme/lib", "cpu", 20)
