@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import statistics
 import struct
 import sys
 import time
@@ -420,3 +421,35 @@ def run_count(conn: Redis, repo: str, batch: str, branch: str = DEFAULT) -> int:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def failing_now(conn: Redis, repo: str, batch: str) -> list[dict[str, Any]]:
+    """Tests failing on the default branch, each with the commit and time its streak began,
+    oldest streak first."""
+    raw = conn.hgetall(keys.history_failing(repo, batch))
+    found = []
+    for value in raw.values():
+        entry = json.loads(value)
+        found.append({"test_id": entry.get("id", ""), "sha": entry["sha"], "at": entry["at"]})
+    return sorted(found, key=lambda e: (e["at"], e["test_id"]))
+
+
+def batch_summary(conn: Redis, repo: str, batch: str) -> dict[str, Any]:
+    """What `gpuci history REPO BATCH` and the batch's page show: its default-branch runs
+    (oldest first) and the tests failing there now."""
+    runs = list(reversed(trend(conn, repo, batch)))
+    durations = [float(r["duration"]) for r in runs]
+    return {
+        "repo": repo,
+        "batch": batch,
+        "runs": runs,
+        "median_duration_s": statistics.median(durations) if durations else None,
+        "failing": failing_now(conn, repo, batch),
+    }
+
+
+def test_summary(conn: Redis, repo: str, batch: str, test_id: str) -> dict[str, Any]:
+    """What `gpuci history REPO BATCH TEST` and the test's page show: its outcome in each of
+    the batch's last default-branch runs, oldest first."""
+    runs = list(reversed(test_history(conn, repo, batch, test_id)))
+    return {"repo": repo, "batch": batch, "test_id": test_id, "runs": runs}

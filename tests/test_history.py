@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from bot import history
+from bot import charts, history
 from bot.classify import Policy
 from bot.runs import Run, RunState, RunTrigger
 from contract import keys
@@ -156,3 +156,13 @@ def test_a_test_page_reads_its_outcomes_newest_first(redis_conn: Redis) -> None:
 
     assert [e["outcome"] for e in strip] == ["-", "s", "f", "p", "p"]
     assert strip[1]["seconds"] == 0.5
+
+
+def test_the_pictures_escape_what_they_show() -> None:
+    strip = charts.outcome_strip([charts.Cell("f", "<script>x</script>"), charts.Cell("?", "r")])
+    plot = charts.duration_plot([("<b>", 1.0), ("run 2", 3.0)])
+
+    assert "<script>" not in strip and "&lt;script&gt;" in strip
+    assert strip.count("<rect") == 2 and "not run: r" in strip  # an unknown letter: not run
+    assert "&lt;b&gt;: 1.0 s" in plot and "3.0 s" in plot
+    assert charts.duration_plot([]) == ""

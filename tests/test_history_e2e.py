@@ -4,6 +4,7 @@ make the baseline, and a PR's Check Run names each failure's class against it.""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from bot import history, runs
+from app import create_app
+from bot import charts, history, runs
 from bot.github_app import GitHubApp
 from bot.scheduler import Schedules
 from contract import keys
@@ -131,6 +133,43 @@ def test_check_runs_name_each_failures_class_against_the_default_branch(hist: St
     # PR runs are kept per PR, and leave the default branch's history alone
     assert history.run_count(hist.redis, REPO, "unit", f"pr:{quiet['number']}") == 1
     assert history.run_count(hist.redis, REPO, "unit") == KEPT
+    dashboard_shows_the_history(hist, int(str(pr["number"])))
+
+
+def dashboard_shows_the_history(stack: Stack, number: int) -> None:
+    """The run page links each test it names to the test's page; the test's page draws its
+    outcomes as a strip, the batch's its durations (SVG, no script)."""
+    web = create_app(Settings(public_repos="acme/*"), stack.redis).test_client()
+    (run,) = runs.runs_of_pr(stack.redis, REPO, number)
+    page = web.get(f"/runs/{run.run_id}").get_data(as_text=True)
+    regress = "/history/acme/hist/unit/tests/tests/test_lib.py::test_regress"
+    for test in (
+        "test_lib.py::test_regress",
+        "test_added.py::test_added",
+        "test_lib.py::test_xpass",
+    ):
+        assert f'href="/history/acme/hist/unit/tests/tests/{test}"' in page, test
+    assert "new: passed at" in page
+    assert 'href="/history/acme/hist/unit"' in page and "<polyline" in page  # the trend
+
+    test_page = web.get("/history/acme/hist/unit/tests/tests/test_lib.py::test_flaky")
+    assert test_page.status_code == 200
+    body = test_page.get_data(as_text=True)
+    strip = body.split("<svg", 1)[1].split("</svg>", 1)[0]
+    colours = re.findall(r'fill="(#[0-9a-f]{6})"', strip)
+    passed, failed = charts.OUTCOME_STYLE["p"][0], charts.OUTCOME_STYLE["f"][0]
+    assert colours == [passed, failed, passed, failed]  # the last 4 runs, oldest first
+    assert "script" not in test_page.headers["Content-Security-Policy"].replace("'none'", "")
+    assert "<script" not in body
+
+    batch_page = web.get("/history/acme/hist/unit").get_data(as_text=True)
+    assert batch_page.count("<circle") == KEPT
+    assert 'href="/history/acme/hist/unit/tests/tests/test_lib.py::test_broken"' in batch_page
+    assert web.get(regress).status_code == 200
+    # a private repository's history is not shown; a malformed name is a clear 404
+    private = create_app(Settings(), stack.redis).test_client()
+    assert private.get("/history/acme/hist/unit").status_code == 403
+    assert web.get("/history/acme/hist/un%20it").status_code == 404
 
 
 def push_sha(stack: Stack, index: int) -> str:
