@@ -3,13 +3,15 @@ its bounds, and read back as the baseline."""
 
 from __future__ import annotations
 
+import json
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis import Redis
 
-from bot import charts, history
+from bot import charts, cli, history
 from bot.classify import Policy
 from bot.runs import Run, RunState, RunTrigger
 from contract import keys
@@ -87,7 +89,7 @@ def test_a_malformed_test_list_is_refused_saying_which_column(
 
 def _run(run_id: str, pr: int = 0, batch: str = "cpu") -> Run:
     return Run(
-        run_id=run_id, repo="acme/Lib", installation_id=1, pr=pr, sha=run_id.zfill(40),
+        run_id=run_id, repo="acme/Lib", installation_id=1, pr=pr, sha=(run_id * 40)[:40],
         batch=batch, trigger=RunTrigger.SCHEDULE, requested_by="", state=RunState.RUNNING,
         created_at=0.0, updated_at=0.0, host="h1",
     )  # fmt: skip
@@ -137,7 +139,7 @@ def test_failing_streaks_start_and_end_on_the_default_branch(redis_conn: Redis) 
     _, since = history.read_baseline(redis_conn, "acme/lib", "cpu", 20)
     names = ["t::a", "t::b"]
     numbers = dict(zip(names, history.test_numbers(names), strict=True))
-    assert since[numbers["t::a"]].sha == "2".zfill(40)  # since run 2, not 3
+    assert since[numbers["t::a"]].sha == _run("2").sha  # since run 2, not 3
     _record(redis_conn, _run("4"), {"t::a": "p", "t::b": "f"}, bounds)
     _, since = history.read_baseline(redis_conn, "acme/lib", "cpu", 20)
     assert set(since) == {numbers["t::b"]}  # a passed again: its streak ended
@@ -166,3 +168,23 @@ def test_the_pictures_escape_what_they_show() -> None:
     assert strip.count("<rect") == 2 and "not run: r" in strip  # an unknown letter: not run
     assert "&lt;b&gt;: 1.0 s" in plot and "3.0 s" in plot
     assert charts.duration_plot([]) == ""
+
+
+def test_gpuci_history_prints_a_batch_and_a_test(
+    redis_conn: Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    for n, outcome in enumerate("pfsf", start=1):
+        _record(redis_conn, _run(str(n)), {"t::a": outcome, "t::b": "p"}, history.Bounds())
+
+    assert cli.main(["history", "acme/lib", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert "acme/lib batch cpu: 4 runs on the default branch, oldest first" in text
+    assert "t::a  since 222222222222" in text  # since run 2: a skip does not end a streak
+    assert cli.main(["history", "acme/lib", "cpu", "t::a"]) == 0
+    assert "  pfsf   (p passed" in capsys.readouterr().out
+    assert cli.main(["history", "acme/lib", "cpu", "t::a", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert [r["outcome"] for r in found["runs"]] == ["p", "f", "s", "f"]
+    assert cli.main(["history", "not-a-repo", "cpu"]) == 2
+    assert "give owner/name" in capsys.readouterr().err
