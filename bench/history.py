@@ -126,10 +126,19 @@ def main() -> None:
         print(f"  the report step without history (judge): {judge_ms:6.1f} ms")
         print(f"  with history (number, read baseline, classify, record): {history_ms:6.1f} ms in"
               f" {trips} Redis round trips ({history_ms / judge_ms:.1f}x judge)")  # fmt: skip
+        numbering_bench(report, args.repeats)
         record_bench(conn, report, args.repeats)
         classify_bench(conn, report, policy, args.repeats)
     finally:
         conn.flushdb()
+
+
+def numbering_bench(report: RunReport, repeats: int) -> None:
+    """Test ids to numbers: BLAKE2b on first sight, then the process's cache."""
+    ids = [t.test_id for t in report.tests]
+    cold_ms, _ = timed(lambda: [history.test_number.__wrapped__(t) for t in ids], repeats)
+    warm_ms, _ = timed(lambda: history.test_numbers(ids), repeats)
+    print(f"numbering {len(ids)} test ids: {cold_ms:6.1f} ms uncached, {warm_ms:6.1f} ms cached")
 
 
 def record_bench(conn: Redis, report: RunReport, repeats: int) -> None:

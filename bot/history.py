@@ -3,17 +3,18 @@ batch and branch, and read back as the default branch's baseline for bot/classif
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
+import operator
 import statistics
 import struct
 import sys
 import time
-import zlib
 from array import array
 from collections.abc import Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from redis import Redis
@@ -71,7 +72,8 @@ def judge_with_history(
     bounds: Bounds,
 ) -> Verdict:
     """The verdict against the batch's baseline, and the run recorded into the history. Three
-    Redis round trips however many tests: read the baseline, write the run."""
+    Redis round trips however many tests: read the baseline, its slowest tests' seconds, and
+    write the run."""
     tests = tests_of(report)
     if not tests or report.cancelled or report.error:
         return verdict
@@ -122,10 +124,12 @@ def _recordable(test_id: str) -> bool:
 # --- test numbers -----------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=200_000)
 def test_number(test_id: str) -> int:
     """A test id's number in the history: 64 bits of its BLAKE2b hash. Records hold numbers,
     never ids, and computing them costs no Redis round trip; at 2^64 a collision between a
-    repository's tests is not a practical concern (10^6 ids: about 1 in 3.7 * 10^7)."""
+    repository's tests is not a practical concern (10^6 ids: about 1 in 3.7 * 10^7). Cached:
+    the same tests come back run after run."""
     digest = hashlib.blake2b(test_id.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little")
 
@@ -135,49 +139,65 @@ def test_numbers(test_ids: Sequence[str]) -> list[int]:
 
 
 # --- records ------------------------------------------------------------------------------------
+# A record is [head length, test count] (two uint32), the JSON head, one outcome letter per
+# test, then one float32 of seconds per test. The tests' numbers (uint64 each, 80 KB for 10,000
+# tests) are the record's *layout*, stored once for every record that lists the same tests in
+# the same order (most of a batch's runs): the baseline read moves 10 KB a run, not 130 KB.
 
-_HEAD = struct.Struct("<II")  # the JSON head's length, the number of tests
+_HEAD = struct.Struct("<II")
+LAYOUT_TTL_S = 180 * 24 * 3600  # renewed by every run that uses the layout
 
 
 @dataclass(frozen=True)
 class Record:
-    """One recorded run: a JSON head (the run, where and in what it ran, sparse columns:
-    reruns, skip reasons) and dense columns, one entry per test, in the order it ran."""
+    """One recorded run: its head (the run, where and in what it ran, sparse columns: reruns,
+    skip reasons, its layout) and its outcomes, one letter per test in the order it ran."""
 
     head: dict[str, Any]
-    numbers: bytes  # uint64 per test: its number (test_number)
-    outcomes: str  # an Outcome letter per test
-    ms: bytes  # uint32 per test: milliseconds
+    outcomes: str
+    seconds: bytes = b""  # float32 per test; empty when not read
 
-    def number_list(self) -> array[int]:
-        return _unpacked("Q", self.numbers)
+    @property
+    def layout(self) -> str:
+        return str(self.head.get("layout", ""))
 
-    def seconds(self, i: int) -> float:
-        return float(_unpacked("I", self.ms[4 * i : 4 * i + 4])[0]) / 1000
+    def seconds_of(self, i: int) -> float:
+        return float(_unpacked("f", self.seconds[4 * i : 4 * i + 4])[0])
 
 
-def _unpacked(kind: str, raw: bytes) -> array[int]:
-    """A little-endian column: "I" 32-bit, "Q" 64-bit unsigned."""
+def _unpacked(kind: str, raw: bytes) -> array[Any]:
+    """A little-endian column: "f" float32, "Q" uint64."""
     values = array(kind)
-    values.frombytes(raw)
+    values.frombytes(raw[: len(raw) - len(raw) % values.itemsize])
     if sys.byteorder != "little":
         values.byteswap()
     return values
 
 
-def _packed(kind: str, values: Sequence[int]) -> bytes:
+def _packed(kind: str, values: Sequence[Any]) -> bytes:
     column = array(kind, values)
     if sys.byteorder != "little":
         column.byteswap()
     return column.tobytes()
 
 
-def encode_record(
-    run: Run, report: RunReport, numbers: Sequence[int], tests: Sequence[TestOutcome]
-) -> bytes:
-    """One run as the history keeps it (Record), zlib-packed."""
+def layout_of(numbers: Sequence[int]) -> tuple[str, bytes]:
+    """The numbers column of a run, and the name it is stored under (a hash of it)."""
+    column = _packed("Q", numbers)
+    return hashlib.blake2b(column, digest_size=16).hexdigest(), column
+
+
+def encode_record(run: Run, report: RunReport, layout: str, tests: Sequence[TestOutcome]) -> bytes:
+    """One run as the history keeps it (Record). Not compressed: reading 20 records back is
+    the classification's main cost, and outcome letters are already one byte a test."""
     reasons = sorted({t.reason for t in tests if t.reason})
     where = {r: i for i, r in enumerate(reasons)}
+    reruns, skips = {}, {}
+    for i, t in enumerate(tests):
+        if t.reruns:
+            reruns[str(i)] = t.reruns
+        if t.reason:
+            skips[str(i)] = where[t.reason]
     head = {
         "run": run.run_id,
         "sha": run.sha,
@@ -189,34 +209,29 @@ def encode_record(
         "at": time.time(),
         "duration": report.summary.duration_s or report.duration_s,
         "skipped": report.summary.skipped,
-        "r": {str(i): t.reruns for i, t in enumerate(tests) if t.reruns},
+        "layout": layout,
+        "r": reruns,
         "reasons": reasons,
-        "k": {str(i): where[t.reason] for i, t in enumerate(tests) if t.reason},
+        "k": skips,
     }
     text = json.dumps(head, separators=(",", ":")).encode()
-    ms = _packed("I", [min(int(t.seconds * 1000), 2**32 - 1) for t in tests])
     outcomes = "".join(t.outcome for t in tests).encode()
-    body = _HEAD.pack(len(text), len(tests)) + text + _packed("Q", numbers) + outcomes + ms
-    return zlib.compress(body, 1)
+    seconds = _packed("f", [t.seconds for t in tests])
+    return _HEAD.pack(len(text), len(tests)) + text + outcomes + seconds
 
 
 def decode_record(packed: bytes) -> Record | None:
-    """The record, or None for one that is not (a newer or damaged format)."""
+    """The record (its seconds if `packed` has them), or None for one that is not."""
     try:
-        body = zlib.decompress(packed)
-        size, count = _HEAD.unpack_from(body)
-        head = json.loads(body[_HEAD.size : _HEAD.size + size])
-    except (zlib.error, struct.error, ValueError):
+        size, count = _HEAD.unpack_from(packed)
+        head = json.loads(packed[_HEAD.size : _HEAD.size + size])
+    except (struct.error, ValueError):
         return None
     at = _HEAD.size + size
-    numbers, outcomes, ms = (
-        body[at : at + 8 * count],
-        body[at + 8 * count : at + 9 * count],
-        body[at + 9 * count :],
-    )
-    if not isinstance(head, dict) or len(ms) != 4 * count:
+    outcomes = packed[at : at + count]
+    if not isinstance(head, dict) or len(outcomes) != count:
         return None
-    return Record(head, numbers, outcomes.decode("ascii", "replace"), ms)
+    return Record(head, outcomes.decode("ascii", "replace"), packed[at + count :])
 
 
 def trend_entry(run: Run, report: RunReport) -> str:
@@ -236,11 +251,12 @@ def trend_entry(run: Run, report: RunReport) -> str:
     )
 
 
-# Pushes the run, trims its lists to the bound and deletes the records that fall off; on the
-# default branch, failing tests start a streak (ARGV[7]: "number<TAB>JSON" lines) and passing
-# ones end theirs (ARGV[8]: numbers, comma-separated).
+# Pushes the run, trims its lists to the bound and deletes the records that fall off; stores
+# (or renews) its layout; on the default branch, failing tests start a streak (ARGV[7]:
+# "number<TAB>JSON" lines) and passing ones end theirs (ARGV[8]: numbers, comma-separated).
 _RECORD = """
 redis.call('SET', KEYS[3], ARGV[1])
+redis.call('SET', KEYS[5], ARGV[9], 'EX', tonumber(ARGV[10]))
 redis.call('LREM', KEYS[1], 0, ARGV[2])
 redis.call('LPUSH', KEYS[1], ARGV[2])
 redis.call('LPUSH', KEYS[2], ARGV[3])
@@ -278,15 +294,17 @@ def record(
     branch = branch_of(run)
     default = branch == DEFAULT
     started, ended = _moved_streaks(run, numbers, tests, since) if default else ("", "")
+    layout, column = layout_of(numbers)
     conn.register_script(_RECORD)(
         keys=[
             keys.history_runs(run.repo, run.batch, branch),
             keys.history_trend(run.repo, run.batch, branch),
             keys.history_record(run.repo, run.run_id),
             keys.history_failing(run.repo, run.batch),
+            keys.history_layout(run.repo, layout),
         ],
         args=[
-            encode_record(run, report, numbers, tests),
+            encode_record(run, report, layout, tests),
             run.run_id,
             trend_entry(run, report),
             max(bounds.default_runs if default else bounds.pr_runs, 1),
@@ -294,6 +312,8 @@ def record(
             0 if default else bounds.pr_ttl_s,
             started,
             ended,
+            column,
+            LAYOUT_TTL_S,
         ],
     )
 
@@ -318,14 +338,71 @@ def _moved_streaks(
 
 # --- reading the baseline -----------------------------------------------------------------------
 
+# The batch's last ARGV[1] default-branch records without their seconds, each layout they use
+# once, and the failing streaks.
 _BASELINE = """
 local ids = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
-local out = {redis.call('HGETALL', KEYS[2])}
+local records, layouts, seen = {}, {}, {}
 for _, id in ipairs(ids) do
-  out[#out + 1] = redis.call('GET', ARGV[2] .. id) or ''
+  local key = ARGV[2] .. id
+  local top = redis.call('GETRANGE', key, 0, 7)
+  if #top == 8 then
+    local size, count = struct.unpack('<I4<I4', top)
+    local part = redis.call('GETRANGE', key, 0, 8 + size + count - 1)
+    records[#records + 1] = id
+    records[#records + 1] = part
+    local ok, head = pcall(cjson.decode, string.sub(part, 9, 8 + size))
+    local layout = ok and type(head) == 'table' and head['layout']
+    if type(layout) == 'string' and not seen[layout] then
+      seen[layout] = true
+      layouts[#layouts + 1] = layout
+      layouts[#layouts + 1] = redis.call('GET', ARGV[3] .. layout) or ''
+    end
+  end
+end
+return {redis.call('HGETALL', KEYS[2]), records, layouts}
+"""
+
+# The seconds at some places of some records: ARGV[1] the record prefix, then pairs of a run
+# id and its places, comma-separated; one list of float32 strings per pair.
+_SECONDS = """
+local out = {}
+for i = 2, #ARGV, 2 do
+  local key = ARGV[1] .. ARGV[i]
+  local top = redis.call('GETRANGE', key, 0, 7)
+  local found = {}
+  if #top == 8 then
+    local size, count = struct.unpack('<I4<I4', top)
+    local start = 8 + size + count
+    for place in string.gmatch(ARGV[i + 1], "[^,]+") do
+      local at = start + 4 * tonumber(place)
+      found[#found + 1] = redis.call('GETRANGE', key, at, at + 3)
+    end
+  end
+  out[#out + 1] = found
 end
 return out
 """
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where some tests are in the records of one layout: found once per layout, then each
+    record of it is read with one C-level call."""
+
+    present: list[int]  # the tests this layout has
+    places: list[int]  # their places in its records' columns
+
+    @classmethod
+    def of(cls, numbers: array[Any], tests: Set[int]) -> _Layout:
+        index = {n: i for i, n in enumerate(numbers) if n in tests}
+        return cls(list(index), list(index.values()))
+
+    def pick(self, column: Sequence[Any]) -> list[Any]:
+        if not self.places:
+            return []
+        picked = operator.itemgetter(*self.places)(column)
+        return list(picked) if len(self.places) > 1 else [picked]
 
 
 def read_baseline(
@@ -337,40 +414,63 @@ def read_baseline(
     timed: Set[int] = frozenset(),
 ) -> tuple[list[BaselineRun[int]], dict[int, Since]]:
     """The batch's last `limit` default-branch runs, newest first, with the outcomes of the
-    `wanted` tests and the seconds of the `timed` ones, and its failing streaks (one Lua
-    call). Decoding only what classification asks keeps it fast at 10,000 tests a run."""
-    script = conn.register_script(_BASELINE)
-    found: Any = script(
+    `wanted` tests and the seconds of the `timed` ones, and its failing streaks: one Lua call,
+    and one more for seconds. Only what classification asks is moved and decoded, which keeps
+    it fast at 10,000 tests a run. A record whose layout expired is left out."""
+    found: Any = conn.register_script(_BASELINE)(
         keys=[keys.history_runs(repo, batch, DEFAULT), keys.history_failing(repo, batch)],
-        args=[max(limit, 1), keys.history_record_prefix(repo)],
+        args=[max(limit, 1), keys.history_record_prefix(repo), keys.history_layout(repo, "")],
     )
-    streaks, packed = found[0], found[1:]
+    streaks, flat_records, flat_layouts = found
     since = {}
     for number, raw in zip(streaks[::2], streaks[1::2], strict=True):
-        entry = json.loads(raw)
-        since[int(number)] = Since(str(entry["sha"]), float(entry["at"]))
-    layouts: dict[bytes, dict[int, int]] = {}
-    records = (decode_record(p) for p in packed if p)
-    runs = [_baseline_run(record, wanted, timed, layouts) for record in records if record]
+        try:
+            entry = json.loads(raw)
+            since[int(number)] = Since(str(entry["sha"]), float(entry["at"]))
+        except (ValueError, KeyError, TypeError):
+            log.warning("history of %s batch %s: unreadable streak %r dropped", repo, batch, raw)
+    columns = {
+        _text(name): _unpacked("Q", column)
+        for name, column in zip(flat_layouts[::2], flat_layouts[1::2], strict=True)
+    }
+    places: dict[str, tuple[_Layout, _Layout]] = {}
+    runs, timed_places = [], []
+    for run_id, raw in zip(flat_records[::2], flat_records[1::2], strict=True):
+        rec = decode_record(raw)
+        if rec is None or rec.layout not in columns:
+            continue
+        if rec.layout not in places:
+            numbers = columns[rec.layout]
+            places[rec.layout] = (_Layout.of(numbers, wanted), _Layout.of(numbers, timed))
+        outcomes, times = places[rec.layout]
+        runs.append(
+            BaselineRun(
+                sha=str(rec.head["sha"]),
+                at=float(rec.head["at"]),
+                outcomes=dict(zip(outcomes.present, outcomes.pick(rec.outcomes), strict=True)),
+                skipped=int(rec.head.get("skipped", 0)),
+            )
+        )
+        timed_places.append((_text(run_id), times))
+    if timed and runs:
+        runs = _with_seconds(conn, repo, runs, timed_places)
     return runs, since
 
 
-def _baseline_run(
-    record: Record, wanted: Set[int], timed: Set[int], layouts: dict[bytes, dict[int, int]]
-) -> BaselineRun[int]:
-    """The record's outcomes of the `wanted` tests; runs with the same tests in the same order
-    (most of them) share one index of where each test is."""
-    index = layouts.get(record.numbers)
-    if index is None:
-        index = layouts[record.numbers] = {n: i for i, n in enumerate(record.number_list())}
-    outcomes = record.outcomes
-    return BaselineRun(
-        sha=str(record.head["sha"]),
-        at=float(record.head["at"]),
-        outcomes={n: outcomes[index[n]] for n in wanted if n in index},
-        skipped=int(record.head.get("skipped", 0)),
-        seconds={n: record.seconds(index[n]) for n in timed if n in index},
-    )
+def _with_seconds(
+    conn: Redis, repo: str, runs: list[BaselineRun[int]], where: list[tuple[str, _Layout]]
+) -> list[BaselineRun[int]]:
+    args: list[Any] = [keys.history_record_prefix(repo)]
+    for run_id, layout in where:
+        args += [run_id, ",".join(map(str, layout.places)) or "-1"]
+    found: Any = conn.register_script(_SECONDS)(keys=[], args=args)
+    out = []
+    for run, (_, layout), values in zip(runs, where, found, strict=True):
+        seconds = [float(_unpacked("f", v)[0]) for v in values if len(v) == 4]
+        if len(seconds) != len(layout.present):
+            seconds = []
+        out.append(replace(run, seconds=dict(zip(layout.present, seconds, strict=False))))
+    return out
 
 
 # --- reading for people: the dashboard and `gpuci history` -------------------------------------
@@ -390,26 +490,27 @@ def test_history(
     number = test_number(test_id)
     ids = conn.lrange(keys.history_runs(repo, batch, DEFAULT), 0, limit - 1)
     packed = conn.mget([keys.history_record(repo, _text(i)) for i in ids]) if ids else []
-    out = []
-    for raw in packed:
-        record = decode_record(raw) if isinstance(raw, bytes) else None
-        if record is not None:
-            out.append(_test_entry(record, number))
-    return out
+    records = [r for raw in packed if isinstance(raw, bytes) and (r := decode_record(raw))]
+    names = sorted({r.layout for r in records})
+    found = conn.mget([keys.history_layout(repo, name) for name in names]) if names else []
+    places = {
+        name: {n: i for i, n in enumerate(_unpacked("Q", column))}.get(number)
+        for name, column in zip(names, found, strict=True)
+        if isinstance(column, bytes)
+    }
+    return [_test_entry(r, places.get(r.layout)) for r in records if r.layout in places]
 
 
-def _test_entry(record: Record, number: int | None) -> dict[str, Any]:
+def _test_entry(record: Record, i: int | None) -> dict[str, Any]:
     head = record.head
     entry = {k: head.get(k) for k in ("run", "sha", "at", "host", "gpu")}
-    try:
-        i = record.number_list().index(number)  # type: ignore[arg-type]
-    except ValueError:
+    if i is None:
         return {**entry, "outcome": "-", "seconds": None, "reruns": 0, "reason": ""}
     reason = head["reasons"][head["k"][str(i)]] if str(i) in head["k"] else ""
     return {
         **entry,
         "outcome": record.outcomes[i],
-        "seconds": record.seconds(i),
+        "seconds": round(record.seconds_of(i), 3),
         "reruns": head["r"].get(str(i), 0),
         "reason": reason,
     }

@@ -197,15 +197,22 @@ def _finished(conn: Redis, host: str, message: HostMessage) -> str:
 
 
 def _against_history(conn: Redis, run: Run, result: RunReport, verdict: Verdict) -> Verdict:
-    """The verdict with each failure's class against the default branch, the run recorded."""
+    """The verdict with each failure's class against the default branch, the run recorded.
+    The history only adds to a verdict: if it breaks, the run is reported as judged."""
     policy, bounds = history.from_settings(Settings.from_env())
     try:
         mode = load_config(run.config_text, ".gpuci.yml").conclusion
     except ConfigError:
         mode = "strict"
-    return history.judge_with_history(
-        conn, run, result, verdict, mode=mode, policy=policy, bounds=bounds
-    )
+    try:
+        return history.judge_with_history(
+            conn, run, result, verdict, mode=mode, policy=policy, bounds=bounds
+        )
+    except UNREACHABLE:
+        raise  # the message is applied again once Redis is back
+    except Exception:
+        log.exception("run=%s the test history failed; reported without it", run.run_id)
+        return verdict
 
 
 def _lease_lost(conn: Redis, host: str, message: HostMessage) -> str:

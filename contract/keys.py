@@ -287,10 +287,16 @@ def history_record_prefix(repo: str) -> str:
 
 
 def history_record(repo: str, run_id: str) -> str:
-    """String (zlib): one recorded run (bot.history.Record): a JSON head (the run, its host,
-    GPU and runtime, reruns and skip reasons) and a column per field (test numbers, outcome
-    letters, milliseconds); 30 days for a PR's runs, trimmed by count on the default branch."""
+    """String: one recorded run (bot.history.Record): a JSON head (the run, its host, GPU and
+    runtime, reruns, skip reasons, its layout) and a column per field (outcome letters,
+    seconds); 30 days for a PR's runs, trimmed by count on the default branch."""
     return f"{history_record_prefix(repo)}{run_id}"
+
+
+def history_layout(repo: str, name: str) -> str:
+    """String: the test numbers (uint64 each) of records that list the same tests in the same
+    order, named by their hash; 180 days after the last run that used it."""
+    return f"{PREFIX}:history:{repo.lower()}:layout:{name}"
 
 
 def history_failing(repo: str, batch: str) -> str:

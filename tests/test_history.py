@@ -4,7 +4,6 @@ its bounds, and read back as the baseline."""
 from __future__ import annotations
 
 import json
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -121,10 +120,12 @@ def test_the_history_stays_within_its_bounds(redis_conn: Redis) -> None:
     assert [e["run"] for e in history.trend(redis_conn, "acme/lib", "cpu")] == [
         "12", "11", "10", "9", "8"
     ]  # fmt: skip
-    # a record holds numbers, not ids: no id text in it, whatever the runs
+    # a record holds no test id: numbers in a layout shared by the runs with the same tests
     packed = redis_conn.get(records[0])
-    assert isinstance(packed, bytes)
-    assert b"t::a" not in zlib.decompress(packed)
+    assert isinstance(packed, bytes) and b"t::a" not in packed
+    layouts = redis_conn.keys(keys.history_layout("acme/lib", "*"))
+    assert len(layouts) == 4  # {a, new0}, {a, new1}, {a, new2}, and the PR's {a}
+    assert all(0 < redis_conn.ttl(k) <= history.LAYOUT_TTL_S for k in layouts)
     assert redis_conn.ttl(keys.history_runs("acme/lib", "cpu", "pr:7")) > 0
     assert redis_conn.ttl(keys.history_runs("acme/lib", "cpu", "default")) == -1
 
@@ -188,3 +189,38 @@ def test_gpuci_history_prints_a_batch_and_a_test(
     assert [r["outcome"] for r in found["runs"]] == ["p", "f", "s", "f"]
     assert cli.main(["history", "not-a-repo", "cpu"]) == 2
     assert "give owner/name" in capsys.readouterr().err
+
+
+def test_the_slowest_tests_get_their_median_on_the_default_branch(redis_conn: Redis) -> None:
+    for n, seconds in enumerate((1.0, 2.0, 9.0), start=1):
+        tests = [TestOutcome("t::slow", "p", seconds), TestOutcome("t::quick", "p", 0.01)]
+        report = RunReport(summary=Summary(tests=2, passed=2), tests=tests)
+        verdict = judge(report, batch="cpu", allow_no_tests=False, sha="s" * 40, host="h1")
+        history.judge_with_history(
+            redis_conn, _run(str(n)), report, verdict, mode="strict", policy=Policy(),
+            bounds=history.Bounds(),
+        )  # fmt: skip
+    tests = [TestOutcome("t::slow", "p", 5.0), TestOutcome("t::new", "p", 4.0)]
+    summary = Summary(tests=2, passed=2, slowest=[("t::slow", 5.0), ("t::new", 4.0)])
+    report = RunReport(summary=summary, tests=tests)
+    verdict = judge(report, batch="cpu", allow_no_tests=False, sha="s" * 40, host="h1")
+
+    judged = history.judge_with_history(
+        redis_conn, _run("9", pr=4), report, verdict, mode="strict", policy=Policy(),
+        bounds=history.Bounds(),
+    )  # fmt: skip
+
+    assert judged.data["history"]["slowest"] == [["t::slow", 5.0, 2.0], ["t::new", 4.0, None]]
+
+
+def test_an_unreadable_entry_is_left_out_not_fatal(redis_conn: Redis) -> None:
+    bounds = history.Bounds()
+    _record(redis_conn, _run("1"), {"t::a": "f"}, bounds)
+    redis_conn.hset(keys.history_failing("acme/lib", "cpu"), "12", "{not json")
+    redis_conn.set(keys.history_record("acme/lib", "0"), b"\x00garbage")
+    redis_conn.rpush(keys.history_runs("acme/lib", "cpu", "default"), "0")
+
+    runs, since = history.read_baseline(redis_conn, "acme/lib", "cpu", 20)
+
+    assert len(runs) == 1 and len(since) == 1
+    assert _record(redis_conn, _run("2"), {"t::a": "f"}, bounds).startswith("1 already failing")
