@@ -199,68 +199,65 @@ def slow_medians(
 
 def title_prefix(c: Classification[K]) -> str:
     """ "2 new failures; 1 already failing on the default branch; 1 flaky"."""
-    new = c.count(FailureClass.NEW)
-    parts = [
-        f"{new} new failure{'s' if new != 1 else ''}" if new else "",
-        f"{n} already failing on the default branch"
-        if (n := c.count(FailureClass.ALREADY_FAILING))
-        else "",
-        f"{n} flaky" if (n := c.count(FailureClass.FLAKY) + len(c.rerun_passes)) else "",
-        f"{n} with no history" if (n := c.count(FailureClass.NO_HISTORY)) else "",
+    on_main = "already failing on the default branch"
+    counts = [
+        (c.count(FailureClass.NEW), "new failure", "new failures"),
+        (c.count(FailureClass.ALREADY_FAILING), on_main, on_main),
+        (c.count(FailureClass.FLAKY) + len(c.rerun_passes), "flaky", "flaky"),
+        (c.count(FailureClass.NO_HISTORY), "with no history", "with no history"),
     ]
-    return "; ".join(p for p in parts if p)
+    return "; ".join(f"{n} {one if n == 1 else many}" for n, one, many in counts if n)
 
 
 def history_section(c: Classification[K], names: Mapping[K, str]) -> str:
     """The Check Run's "Against the default branch" section; "" when there is nothing to say."""
-    lines: list[str] = []
-    if c.failures:
-        shown = sorted(c.failures, key=lambda f: _ORDER.index(f.kind))[:ROWS_SHOWN]
-        rows = [f"| {inline(names[f.test])} | {f.kind.value} | {inline(f.why)} |" for f in shown]
-        lines += ["| failed test | class | why |", "|---|---|---|", *rows, ""]
-        if len(c.failures) > len(shown):
-            lines += [f"{len(c.failures) - len(shown)} more failures not listed here; the run"
-                      " page lists them all.", ""]  # fmt: skip
-    lines += _capped(
-        [
-            f"- {inline(names[t])}: flaky, passed on a rerun in this run"
-            for t in c.rerun_passes[:ROWS_SHOWN]
-        ],
-        len(c.rerun_passes),
-        "flaky passes",
-    )
-    lines += _capped(
-        [
-            f"- {inline(names[t])}: skipped here ({inline(why)}), passed on the default branch"
-            for t, why in c.newly_skipped[:ROWS_SHOWN]
-        ],
-        len(c.newly_skipped),
-        "newly skipped tests",
-    )
-    lines += _capped(
-        [
-            f"- {inline(names[t])}: XPASS here and in the default branch's last {n} runs:"
-            " remove the xfail marker"
-            for t, n in c.stale_xfails[:ROWS_SHOWN]
-        ],
-        len(c.stale_xfails),
-        "such XPASSes",
-    )
-    if c.baseline_skipped is not None and c.skipped != c.baseline_skipped:
-        lines.append(
-            f"- {c.skipped} skipped; the default branch's latest run skipped {c.baseline_skipped}"
-        )
+    lines = _failure_table(c, names) + _notes(c, names)
     if not lines:
         return ""
     where = f"the last {c.baseline_runs} runs" if c.baseline_runs else "no runs yet"
     return f"### Against the default branch ({where})\n\n" + "\n".join(lines) + "\n"
 
 
-def _capped(lines: list[str], total: int, what: str) -> list[str]:
-    more = total - len(lines)
-    return (
-        [*lines, f"- and {more} more {what} (the run page lists them all)"] if more > 0 else lines
-    )
+def _failure_table(c: Classification[K], names: Mapping[K, str]) -> list[str]:
+    """The failures, new ones first, at most ROWS_SHOWN."""
+    if not c.failures:
+        return []
+    shown = sorted(c.failures, key=lambda f: _ORDER.index(f.kind))[:ROWS_SHOWN]
+    rows = [f"| {inline(names[f.test])} | {f.kind.value} | {inline(f.why)} |" for f in shown]
+    lines = ["| failed test | class | why |", "|---|---|---|", *rows, ""]
+    if len(c.failures) > len(shown):
+        more = len(c.failures) - len(shown)
+        lines += [f"{more} more failures not listed here; the run page lists them all.", ""]
+    return lines
+
+
+def _notes(c: Classification[K], names: Mapping[K, str]) -> list[str]:
+    """Flaky passes, tests newly skipped, XPASSes to unmark, the skip count."""
+    reruns = [f"- {inline(names[t])}: flaky, passed on a rerun in this run" for t in c.rerun_passes]
+    skips = [
+        f"- {inline(names[t])}: skipped here ({inline(why)}), passed on the default branch"
+        for t, why in c.newly_skipped
+    ]
+    xpasses = [
+        f"- {inline(names[t])}: XPASS here and in the default branch's last {n} runs:"
+        " remove the xfail marker"
+        for t, n in c.stale_xfails
+    ]
+    lines = _capped(reruns, "flaky passes") + _capped(skips, "newly skipped tests")
+    lines += _capped(xpasses, "such XPASSes")
+    if c.baseline_skipped is not None and c.skipped != c.baseline_skipped:
+        lines.append(
+            f"- {c.skipped} skipped; the default branch's latest run skipped {c.baseline_skipped}"
+        )
+    return lines
+
+
+def _capped(lines: list[str], what: str) -> list[str]:
+    """At most ROWS_SHOWN lines, then how many more there are."""
+    more = len(lines) - ROWS_SHOWN
+    if more <= 0:
+        return lines
+    return [*lines[:ROWS_SHOWN], f"- and {more} more {what} (the run page lists them all)"]
 
 
 _ORDER = [
@@ -282,7 +279,11 @@ def against_history(
 ) -> Verdict:
     """The verdict with the history's view: the title leads with the failures' classes, the
     summary gets the history section after its heading, and under `new_failures` a run whose
-    failures are all known (already failing, flaky) is neutral instead of failed."""
+    failures are all known (already failing, flaky) is neutral instead of failed. With no
+    baseline run at all (a batch never run on the default branch) there is nothing to compare
+    and the verdict stays as it was."""
+    if not c.baseline_runs:
+        return verdict
     prefix, section = title_prefix(c), history_section(c, names)
     conclusion, title = verdict.conclusion, verdict.title
     if _only_known_failures(verdict, report, c) and mode == NEW_FAILURES:

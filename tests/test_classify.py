@@ -223,3 +223,24 @@ def test_the_classifier_is_pure() -> None:
     }
 
     assert not names & {"redis", "flask", "github", "rq", "subprocess", "workers"}
+
+
+def test_without_any_baseline_run_the_verdict_stays_as_it_was() -> None:
+    report = _report("t::a")
+    verdict = judge(report, batch="2", allow_no_tests=False, sha="a" * 40, host="h")
+    found = classify(failing("t::a"), [], {})
+
+    assert found.failures[0].kind is FailureClass.NO_HISTORY
+    judged = against_history(verdict, report, found, {"t::a": "t::a"}, batch="2", mode=NEW_FAILURES)
+    assert judged is verdict
+
+
+def test_long_lists_are_capped_with_how_many_more() -> None:
+    tests = [f"t{i}" for i in range(150)]
+    this = ThisRun(failed=tests, outcomes=dict.fromkeys(tests, "f"))
+    runs = [BaselineRun("1" * 40, 0.0, dict.fromkeys(tests, "p"))]
+
+    section = history_section(classify(this, runs, {}), {t: t for t in tests})
+
+    assert section.count("| new |") == 100
+    assert "50 more failures not listed here" in section
