@@ -33,6 +33,7 @@ test: lint typecheck unit
 bench: $(STAMP)
 	$(BIN)/python bench/junit_parse.py
 	$(BIN)/python bench/run_env.py
+	$(BIN)/python bench/history.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.* coverage.xml htmlcov
