@@ -14,7 +14,7 @@ from typing import Any
 from redis import Redis
 
 from bot import classify, history
-from bot.classify import Policy, ThisRun
+from bot.classify import Policy
 from bot.runs import Run, RunState, RunTrigger
 from contract.checks import judge
 from contract.outcomes import TestOutcome
@@ -160,12 +160,7 @@ def classify_bench(conn: Redis, report: RunReport, policy: Policy, repeats: int)
     numbers = history.test_numbers([t.test_id for t in report.tests])
     wanted = {n for n, t in zip(numbers, report.tests, strict=True) if t.outcome in "fesX"}
     baseline, since = history.read_baseline(conn, REPO, BATCH, policy.flaky_window, wanted)
-    this = ThisRun(
-        failed=[n for n, t in zip(numbers, report.tests, strict=True) if t.outcome == "f"],
-        outcomes={n: t.outcome for n, t in zip(numbers, report.tests, strict=True)},
-        reasons={n: t.reason for n, t in zip(numbers, report.tests, strict=True) if t.reason},
-        skipped=report.summary.skipped,
-    )
+    this = history.this_run(dict(zip(numbers, report.tests, strict=True)), report)
     names = dict(zip(numbers, (t.test_id for t in report.tests), strict=True))
     read_ms, _ = timed(
         lambda: history.read_baseline(conn, REPO, BATCH, policy.flaky_window, wanted), repeats

@@ -86,14 +86,7 @@ def judge_with_history(
     baseline, since = read_baseline(
         conn, run.repo, run.batch, policy.flaky_window, wanted, set(slow)
     )
-    this = ThisRun(
-        failed=[n for n, t in by_number.items() if t.outcome in FAILING],
-        outcomes={n: t.outcome for n, t in by_number.items()},
-        reruns={n: t.reruns for n, t in by_number.items() if t.reruns},
-        reasons={n: t.reason for n, t in by_number.items() if t.reason},
-        skipped=report.summary.skipped,
-    )
-    found = classify.classify(this, baseline, since, policy)
+    found = classify.classify(this_run(by_number, report), baseline, since, policy)
     label = dict(zip(numbers, names, strict=True))
     judged = classify.against_history(verdict, report, found, label, batch=run.batch, mode=mode)
     medians = classify.slow_medians([(n, slowest[name]) for n, name in slow.items()], baseline)
@@ -102,6 +95,17 @@ def judge_with_history(
     judged.data["history"]["slowest"] = [[label[n], s, m] for n, s, m in medians]
     record(conn, run, report, numbers, tests, since, bounds)
     return judged
+
+
+def this_run(by_number: dict[int, TestOutcome], report: RunReport) -> ThisRun[int]:
+    """The run as the classifier takes it, its tests by number."""
+    return ThisRun(
+        failed=[n for n, t in by_number.items() if t.outcome in FAILING],
+        outcomes={n: t.outcome for n, t in by_number.items()},
+        reruns={n: t.reruns for n, t in by_number.items() if t.reruns},
+        reasons={n: t.reason for n, t in by_number.items() if t.reason},
+        skipped=report.summary.skipped,
+    )
 
 
 def tests_of(report: RunReport) -> list[TestOutcome]:
