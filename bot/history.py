@@ -146,10 +146,10 @@ def test_numbers(test_ids: Sequence[str]) -> list[int]:
 # A record is [head length, test count] (two uint32), the JSON head, one outcome letter per
 # test, then one float32 of seconds per test. The tests' numbers (uint64 each, 80 KB for 10,000
 # tests) are the record's *layout*, stored once for every record that lists the same tests in
-# the same order (most of a batch's runs): the baseline read moves 10 KB a run, not 130 KB.
+# the same order (most of a batch's runs): the baseline read moves 10 KB a run, not 130 KB. A
+# layout is kept while a default-branch record uses it, a PR's only for the PR's 30 days.
 
 _HEAD = struct.Struct("<II")
-LAYOUT_TTL_S = 180 * 24 * 3600  # renewed by every run that uses the layout
 
 
 @dataclass(frozen=True)
@@ -255,18 +255,41 @@ def trend_entry(run: Run, report: RunReport) -> str:
     )
 
 
-# Pushes the run, trims its lists to the bound and deletes the records that fall off; stores
-# (or renews) its layout; on the default branch, failing tests start a streak (ARGV[7]:
-# "number<TAB>JSON" lines) and passing ones end theirs (ARGV[8]: numbers, comma-separated).
+# Pushes the run, trims its lists to the bound and deletes the records that fall off; on the
+# default branch, failing tests start a streak (ARGV[7]: "number<TAB>JSON" lines) and passing
+# ones end theirs (ARGV[8]: numbers, comma-separated). A layout lives while a default-branch
+# record uses it (KEYS[6] counts them), else for a PR's time (ARGV[10] seconds from last use).
 _RECORD = """
+local default = ARGV[12] == '1'
+local function release(key)
+  local top = redis.call('GETRANGE', key, 0, 7)
+  if #top ~= 8 then return end
+  local size = struct.unpack('<I4', top)
+  local ok, head = pcall(cjson.decode, redis.call('GETRANGE', key, 8, 8 + size - 1))
+  local layout = ok and type(head) == 'table' and head['layout']
+  if type(layout) == 'string' and redis.call('HINCRBY', KEYS[6], layout, -1) <= 0 then
+    redis.call('HDEL', KEYS[6], layout)
+    redis.call('DEL', ARGV[11] .. layout)
+  end
+end
+if default then release(KEYS[3]) end
 redis.call('SET', KEYS[3], ARGV[1])
-redis.call('SET', KEYS[5], ARGV[9], 'EX', tonumber(ARGV[10]))
+redis.call('SET', KEYS[5], ARGV[9])
+if default then redis.call('HINCRBY', KEYS[6], ARGV[13], 1) end
+if tonumber(redis.call('HGET', KEYS[6], ARGV[13]) or '0') > 0 then
+  redis.call('PERSIST', KEYS[5])
+else
+  redis.call('EXPIRE', KEYS[5], tonumber(ARGV[10]))
+end
 redis.call('LREM', KEYS[1], 0, ARGV[2])
 redis.call('LPUSH', KEYS[1], ARGV[2])
 redis.call('LPUSH', KEYS[2], ARGV[3])
 local bound = tonumber(ARGV[4])
 for _, old in ipairs(redis.call('LRANGE', KEYS[1], bound, -1)) do
-  if old ~= ARGV[2] then redis.call('DEL', ARGV[5] .. old) end
+  if old ~= ARGV[2] then
+    if default then release(ARGV[5] .. old) end
+    redis.call('DEL', ARGV[5] .. old)
+  end
 end
 redis.call('LTRIM', KEYS[1], 0, bound - 1)
 redis.call('LTRIM', KEYS[2], 0, bound - 1)
@@ -306,6 +329,7 @@ def record(
             keys.history_record(run.repo, run.run_id),
             keys.history_failing(run.repo, run.batch),
             keys.history_layout(run.repo, layout),
+            keys.history_layout_uses(run.repo),
         ],
         args=[
             encode_record(run, report, layout, tests),
@@ -317,7 +341,10 @@ def record(
             started,
             ended,
             column,
-            LAYOUT_TTL_S,
+            bounds.pr_ttl_s,
+            keys.history_layout(run.repo, ""),
+            "1" if default else "0",
+            layout,
         ],
     )
 

@@ -295,8 +295,14 @@ def history_record(repo: str, run_id: str) -> str:
 
 def history_layout(repo: str, name: str) -> str:
     """String: the test numbers (uint64 each) of records that list the same tests in the same
-    order, named by their hash; 180 days after the last run that used it."""
+    order, named by their hash; kept while a default-branch record uses it (history_layout_uses),
+    else 30 days after the last PR run that did."""
     return f"{PREFIX}:history:{repo.lower()}:layout:{name}"
+
+
+def history_layout_uses(repo: str) -> str:
+    """Hash layout name -> how many of the repository's default-branch records use it."""
+    return f"{PREFIX}:history:{repo.lower()}:layout-uses"
 
 
 def history_failing(repo: str, batch: str) -> str:

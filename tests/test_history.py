@@ -123,11 +123,27 @@ def test_the_history_stays_within_its_bounds(redis_conn: Redis) -> None:
     # a record holds no test id: numbers in a layout shared by the runs with the same tests
     packed = redis_conn.get(records[0])
     assert isinstance(packed, bytes) and b"t::a" not in packed
-    layouts = redis_conn.keys(keys.history_layout("acme/lib", "*"))
-    assert len(layouts) == 4  # {a, new0}, {a, new1}, {a, new2}, and the PR's {a}
-    assert all(0 < redis_conn.ttl(k) <= history.LAYOUT_TTL_S for k in layouts)
+    # three layouts on the default branch ({a, new0}, {a, new1}, {a, new2}) kept while used,
+    # and the PR's {a} for the PR's time
+    layouts = [redis_conn.ttl(k) for k in redis_conn.keys(keys.history_layout("acme/lib", "*"))]
+    assert sorted(layouts)[:3] == [-1, -1, -1]
+    assert 0 < sorted(layouts)[3] <= bounds.pr_ttl_s
+    uses = redis_conn.hgetall(keys.history_layout_uses("acme/lib"))
+    assert sorted(int(n) for n in uses.values()) == [1, 2, 2]  # the 5 default-branch records
     assert redis_conn.ttl(keys.history_runs("acme/lib", "cpu", "pr:7")) > 0
     assert redis_conn.ttl(keys.history_runs("acme/lib", "cpu", "default")) == -1
+
+
+def test_a_layout_no_record_uses_is_deleted(redis_conn: Redis) -> None:
+    bounds = history.Bounds(default_runs=2)
+    _record(redis_conn, _run("1"), {"t::old": "p"}, bounds)
+    _record(redis_conn, _run("2"), {"t::new": "p"}, bounds)
+    _record(redis_conn, _run("3"), {"t::new": "p"}, bounds)  # run 1 and its layout go
+    _record(redis_conn, _run("3"), {"t::new": "p"}, bounds)  # a message applied twice
+
+    assert len(redis_conn.keys(keys.history_layout("acme/lib", "*"))) == 1
+    assert list(redis_conn.hgetall(keys.history_layout_uses("acme/lib")).values()) == [b"2"]
+    assert history.run_count(redis_conn, "acme/lib", "cpu") == 2
 
 
 def test_failing_streaks_start_and_end_on_the_default_branch(redis_conn: Redis) -> None:
