@@ -84,7 +84,7 @@ def judge_with_history(
     slow = {n: name for n, name in zip(numbers, names, strict=True) if name in slowest}
     wanted = {n for n, t in by_number.items() if t.outcome in _COMPARED}
     baseline, since = read_baseline(
-        conn, run.repo, run.batch, policy.flaky_window, wanted, set(slow)
+        conn, run.repo, run.batch, policy.flaky_window, wanted, set(slow), exclude=run.run_id
     )
     found = classify.classify(this_run(by_number, report), baseline, since, policy)
     label = dict(zip(numbers, names, strict=True))
@@ -443,14 +443,17 @@ def read_baseline(
     limit: int,
     wanted: Set[int] = frozenset(),
     timed: Set[int] = frozenset(),
+    *,
+    exclude: str = "",
 ) -> tuple[list[BaselineRun[int]], dict[int, Since]]:
     """The batch's last `limit` default-branch runs, newest first, with the outcomes of the
     `wanted` tests and the seconds of the `timed` ones, and its failing streaks: one Lua call,
     and one more for seconds. Only what classification asks is moved and decoded, which keeps
-    it fast at 10,000 tests a run. A record whose layout expired is left out."""
+    it fast at 10,000 tests a run. A record whose layout expired is left out, and so is the
+    run `exclude` (the one being judged: a message applied twice must not meet itself)."""
     found: Any = conn.register_script(_BASELINE)(
         keys=[keys.history_runs(repo, batch, DEFAULT), keys.history_failing(repo, batch)],
-        args=[max(limit, 1), keys.history_record_prefix(repo), keys.history_layout(repo, "")],
+        args=[max(limit, 1) + 1, keys.history_record_prefix(repo), keys.history_layout(repo, "")],
     )
     streaks, flat_records, flat_layouts = found
     since = {}
@@ -465,11 +468,14 @@ def read_baseline(
         for name, column in zip(flat_layouts[::2], flat_layouts[1::2], strict=True)
     }
     places: dict[str, tuple[_Layout, _Layout]] = {}
-    runs, timed_places = [], []
+    runs: list[BaselineRun[int]] = []
+    timed_places: list[tuple[str, _Layout]] = []
     for run_id, raw in zip(flat_records[::2], flat_records[1::2], strict=True):
         rec = decode_record(raw)
-        if rec is None or rec.layout not in columns:
+        if rec is None or rec.layout not in columns or _text(run_id) == exclude:
             continue
+        if len(runs) == max(limit, 1):
+            break
         if rec.layout not in places:
             numbers = columns[rec.layout]
             places[rec.layout] = (_Layout.of(numbers, wanted), _Layout.of(numbers, timed))

@@ -240,3 +240,16 @@ def test_an_unreadable_entry_is_left_out_not_fatal(redis_conn: Redis) -> None:
 
     assert len(runs) == 1 and len(since) == 1
     assert _record(redis_conn, _run("2"), {"t::a": "f"}, bounds).startswith("1 already failing")
+
+
+def test_a_run_applied_twice_is_not_its_own_baseline(redis_conn: Redis) -> None:
+    bounds = history.Bounds()
+    _record(redis_conn, _run("1"), {"t::a": "p"}, bounds)
+    first = _record(redis_conn, _run("2"), {"t::a": "f"}, bounds)
+    again = _record(redis_conn, _run("2"), {"t::a": "f"}, bounds)  # the message applied again
+
+    assert first == again
+    assert again.startswith("1 new failure · ")
+    assert history.run_count(redis_conn, "acme/lib", "cpu") == 2
+    runs, _ = history.read_baseline(redis_conn, "acme/lib", "cpu", 1)
+    assert [r.sha for r in runs] == [_run("2").sha]  # the limit holds with nothing excluded
