@@ -125,7 +125,7 @@ def test_check_runs_name_each_failures_class_against_the_default_branch(hist: St
     # a PR whose failures are all known: neutral under new_failures, saying why
     quiet = open_pr(hist, "docs", {"README.md": "docs only\n"})
     check = hist.checks(str(quiet["head_sha"]))["gpuci / batch unit"]
-    assert check["conclusion"] == "neutral"
+    assert check["conclusion"] == "neutral", check["output"]["title"]
     assert check["output"]["title"].startswith(
         "1 already failing on the default branch; 1 flaky · 2 failed"
     )
