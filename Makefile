@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/run_env.py
 	$(BIN)/python bench/fleet_plan.py
 	$(BIN)/python bench/fleet_round.py
+	$(BIN)/python bench/history.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.* coverage.xml htmlcov

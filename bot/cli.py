@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
     runs.set_defaults(handler=cmd_runs)
 
+    past = sub.add_parser("history", help="a batch's or a test's history on the default branch")
+    past.add_argument("repo", help="the repository, owner/name")
+    past.add_argument("batch", help="the batch's name")
+    past.add_argument("test", nargs="?", help="a test's id (tests/x.py::test_y): its outcomes")
+    past.add_argument("--json", action="store_true", help="print JSON")
+    past.set_defaults(handler=cmd_history)
+
     config = sub.add_parser("config", help="work with .gpuci.yml")
     config_sub = config.add_subparsers(title="config commands", metavar="SUBCOMMAND")
     check = config_sub.add_parser("check", help="validate a .gpuci.yml; exit 1 with every error")
@@ -222,6 +229,69 @@ def cmd_runs(args: argparse.Namespace, settings: Settings) -> int:
             f"{run.batch:<10} {run.state:<17} {detail}"
         )
     return EXIT_OK
+
+
+def cmd_history(args: argparse.Namespace, settings: Settings) -> int:
+    """The batch's default-branch runs and failing tests, or one test's outcome per run."""
+    from redis.exceptions import RedisError
+
+    from bot import history
+    from contract.redis_errors import connect, describe
+
+    owner, _, name = args.repo.partition("/")
+    if not (owner and name and "/" not in name) or any(c.isspace() for c in args.repo):
+        print(f"gpuci history: {args.repo!r} is not a repository: give owner/name", file=sys.stderr)
+        return EXIT_UNUSABLE
+    conn = connect(settings.redis_url, socket_timeout=5)
+    try:
+        if args.test:
+            found = history.test_summary(conn, args.repo, args.batch, args.test)
+        else:
+            found = history.batch_summary(conn, args.repo, args.batch)
+    except RedisError as exc:
+        print(f"gpuci history: {describe(exc, settings.redis_url)}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    if args.json:
+        print(json.dumps(found, indent=2))
+    else:
+        print(_test_history_text(found) if args.test else _batch_history_text(found))
+    return EXIT_OK
+
+
+def _batch_history_text(found: dict[str, Any]) -> str:
+    lines = [f"{found['repo']} batch {found['batch']}: {len(found['runs'])} runs on the default"
+             " branch, oldest first"]  # fmt: skip
+    if found["runs"]:
+        lines.append(f"median duration {found['median_duration_s']:.1f} s")
+    lines.append(f"{'run':>6}  {'sha':<12}  {'finished (UTC)':<19} {'seconds':>8} "
+                 f"{'passed':>7} {'failed':>7} {'errors':>7} {'skipped':>8}")  # fmt: skip
+    for r in found["runs"]:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r["at"]))
+        lines.append(
+            f"{r['run']:>6}  {r['sha'][:12]:<12}  {at:<19} {r['duration']:>8.1f} "
+            f"{r['passed']:>7} {r['failed']:>7} {r['errors']:>7} {r['skipped']:>8}"
+        )
+    lines.append("failing now:" if found["failing"] else "no test is failing on the default branch")
+    for f in found["failing"]:
+        day = time.strftime("%Y-%m-%d", time.gmtime(f["at"]))
+        lines.append(f"  {f['test_id']}  since {f['sha'][:12]} ({day})")
+    return "\n".join(lines)
+
+
+def _test_history_text(found: dict[str, Any]) -> str:
+    strip = "".join(r["outcome"] for r in found["runs"])
+    lines = [
+        f"{found['test_id']} in {found['repo']} batch {found['batch']}, oldest first:",
+        f"  {strip or '(no runs recorded)'}   (p passed, f failed, e error, s skipped,"
+        " x xfailed, X xpassed, - not run)",
+    ]
+    for r in found["runs"]:
+        seconds = "" if r["seconds"] is None else f"{r['seconds']:.2f} s"
+        extra = "  ".join(
+            part for part in (f"{r['reruns']} reruns" if r["reruns"] else "", r["reason"]) if part
+        )
+        lines.append(f"  run {r['run']:>6}  {r['sha'][:12]}  {r['outcome']}  {seconds:>9}  {extra}")
+    return "\n".join(lines)
 
 
 def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:

@@ -17,12 +17,22 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from flask import Blueprint, Response, abort, current_app, g, redirect, render_template, request
+from flask import (
+    Blueprint,
+    Response,
+    abort,
+    current_app,
+    g,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
 from flask.typing import ResponseReturnValue
 from markupsafe import Markup, escape
 from redis import Redis
 
-from bot import runs
+from bot import charts, history, runs
 from bot.leader import leader_view
 from bot.runs import Run, RunState, load_result
 from contract import keys, leases
@@ -511,6 +521,7 @@ def run_page(run_id: str) -> ResponseReturnValue:
         gpus=_run_gpus(conn, run, result),
         links=run_links(github_web_url(_settings().github_api_url), run),
         markdown=render_markdown,
+        **_run_history(conn, run, result),
     )
 
 
@@ -555,3 +566,116 @@ def _gunzip(packed: bytes) -> Iterator[bytes]:
     with gzip.GzipFile(fileobj=io.BytesIO(packed)) as stream:
         while chunk := stream.read(JUNIT_CHUNK):
             yield chunk
+
+
+# --- test history pages -------------------------------------------------------------------------
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+
+
+@dataclass(frozen=True)
+class TestLink:
+    """A test the run page names, linked to its history page."""
+
+    test_id: str
+    href: str
+    here: str  # what it did in this run
+    why: str = ""  # its class against the default branch, and why
+    seconds: float | None = None
+    median_s: float | None = None
+
+
+def run_tests(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every test the run's result names (failures, XPASSes, skips and flaky passes against
+    the default branch, the slowest), once each, failures first (pure)."""
+    found: dict[str, dict[str, Any]] = {}
+    past = result.get("history") or {}
+    classes = {f["test_id"]: f"{f['class']}: {f['why']}" for f in past.get("failures", [])}
+    for failure in result.get("failures", []):
+        tid = failure["test_id"]
+        found.setdefault(tid, {"here": failure["kind"], "why": classes.get(tid, "")})
+    for tid in result.get("xpassed_tests", []):
+        found.setdefault(tid, {"here": "xpassed", "why": ""})
+    for entry in past.get("stale_xfails", []):
+        stale = found.setdefault(entry["test_id"], {"here": "xpassed"})
+        stale["why"] = f"XPASS in the last {entry['runs']} runs there: remove the xfail marker"
+    for entry in past.get("newly_skipped", []):
+        why = "passed there"
+        found.setdefault(entry["test_id"], {"here": f"skipped: {entry['reason']}", "why": why})
+    for tid in past.get("rerun_passes", []):
+        found.setdefault(tid, {"here": "passed on a rerun", "why": "flaky"})
+    for tid, seconds, median in past.get("slowest", []):
+        entry = found.setdefault(tid, {"here": "slow", "why": ""})
+        entry.update(seconds=seconds, median_s=median)
+    return [{"test_id": tid, **entry} for tid, entry in found.items()]
+
+
+def _run_history(conn: Redis, run: Run, result: dict[str, Any] | None) -> dict[str, Any]:
+    """The run page's links to its tests' histories and its batch's duration trend."""
+    if not result:
+        return {"test_links": [], "trend_svg": ""}
+    owner, _, name = run.repo.partition("/")
+    links = [
+        TestLink(
+            test_id=t["test_id"],
+            href=_test_url(owner, name, run.batch, t["test_id"]),
+            here=t["here"],
+            why=t["why"],
+            seconds=t.get("seconds"),
+            median_s=t.get("median_s"),
+        )
+        for t in run_tests(result)
+    ]
+    trend = list(reversed(history.trend(conn, run.repo, run.batch)))
+    points = [(f"run {r['run']} at {str(r['sha'])[:12]}", float(r["duration"])) for r in trend]
+    return {"test_links": links, "trend_svg": charts.duration_plot(points)}
+
+
+def _test_url(owner: str, name: str, batch: str, test_id: str) -> str:
+    return url_for("dashboard.history_test", owner=owner, name=name, batch=batch, test_id=test_id)
+
+
+def _history_repo(owner: str, name: str, batch: str) -> str | Response:
+    """The repository, or the page saying why its history is not shown."""
+    if not all(_NAME.fullmatch(part) for part in (owner, name, batch)):
+        return _page("message.html", 404, heading="No such repository or batch", login=False)
+    repo = f"{owner}/{name}"
+    if not results_visible(_settings(), repo, bool(g.get("gpuci_token_presented"))):
+        return _page("message.html", 403, heading=f"The history of {repo} is private", login=False)
+    return repo
+
+
+@blueprint.get("/history/<owner>/<name>/<batch>")
+def history_batch(owner: str, name: str, batch: str) -> ResponseReturnValue:
+    repo = _history_repo(owner, name, batch)
+    if isinstance(repo, Response):
+        return repo
+    found = history.batch_summary(_redis(), repo, batch)
+    points = [
+        (f"run {r['run']} at {str(r['sha'])[:12]}", float(r["duration"])) for r in found["runs"]
+    ]
+    failing = [{**f, "href": _test_url(owner, name, batch, f["test_id"])} for f in found["failing"]]
+    return _page(
+        "history_batch.html",
+        summary=found,
+        failing=failing,
+        plot=charts.duration_plot(points),
+    )
+
+
+@blueprint.get("/history/<owner>/<name>/<batch>/tests/<path:test_id>")
+def history_test(owner: str, name: str, batch: str, test_id: str) -> ResponseReturnValue:
+    repo = _history_repo(owner, name, batch)
+    if isinstance(repo, Response):
+        return repo
+    found = history.test_summary(_redis(), repo, batch, test_id)
+    cells = [
+        charts.Cell(r["outcome"], f"run {r['run']} at {str(r['sha'])[:12]}") for r in found["runs"]
+    ]
+    return _page(
+        "history_test.html",
+        summary=found,
+        strip=charts.outcome_strip(cells),
+        words={k: word for k, (_, word) in charts.OUTCOME_STYLE.items()},
+        batch_href=url_for("dashboard.history_batch", owner=owner, name=name, batch=batch),
+    )

@@ -17,16 +17,17 @@ from typing import Any
 
 from redis import Redis
 
-from bot import runs
+from bot import history, runs
 from bot.reporting import report
 from bot.runs import Run, RunState
 from contract import keys, leases
-from contract.checks import fenced, judge
+from contract.checks import Verdict, fenced, judge
 from contract.config import ConfigError, load_config
 from contract.hostlink import HOST_NAME, HostMessage, Kind, ProtocolError, Ticket
 from contract.leases import UNREACHABLE
 from contract.redis_errors import redis_problem
 from contract.results import ResultError, RunReport
+from contract.settings import Settings
 
 log = logging.getLogger("gpuci.hostlink")
 
@@ -180,6 +181,7 @@ def _finished(conn: Redis, host: str, message: HostMessage) -> str:
     except (ConfigError, KeyError):
         allow_no_tests = False
     verdict = judge(result, batch=run.batch, allow_no_tests=allow_no_tests, sha=run.sha, host=host)
+    verdict = _against_history(conn, run, result, verdict)
     store_result(conn, run.run_id, verdict.data, verdict.output.__dict__, result.log_tail)
     _take_junit(conn, host, run.run_id)
     leases.release(conn, host, run.gpus, run.lease_owner)  # before the run reads as finished
@@ -221,6 +223,25 @@ def _error_output(run: Run, host: str, title: str, tail: str) -> dict[str, Any]:
     )
     text = f"## Log tail\n\n{fenced(tail, 'text')}" if tail.strip() else ""
     return {"title": title, "summary": summary, "text": text, "annotations": []}
+
+
+def _against_history(conn: Redis, run: Run, result: RunReport, verdict: Verdict) -> Verdict:
+    """The verdict with each failure's class against the default branch, the run recorded.
+    The history only adds to a verdict: if it breaks, the run is reported as judged."""
+    policy, bounds = history.from_settings(Settings.from_env())
+    try:
+        mode = load_config(run.config_text, ".gpuci.yml").conclusion
+    except ConfigError:
+        mode = "strict"
+    try:
+        return history.judge_with_history(
+            conn, run, result, verdict, mode=mode, policy=policy, bounds=bounds
+        )
+    except UNREACHABLE:
+        raise  # the message is applied again once Redis is back
+    except Exception:
+        log.exception("run=%s the test history failed; reported without it", run.run_id)
+        return verdict
 
 
 def _lease_lost(conn: Redis, host: str, message: HostMessage) -> str:

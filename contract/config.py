@@ -129,6 +129,7 @@ class Config:
     default_runtime: str = DEFAULT_RUNTIME
     pytest_args: tuple[str, ...] = DEFAULT_PYTEST_ARGS
     env: dict[str, str] = field(default_factory=dict)
+    conclusion: str = "strict"  # or "new_failures": only failures new against history fail
     # Key path ("batches.10", "batches.10.timeout") -> 1-based line of that key in the file.
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
@@ -685,6 +686,19 @@ def _image_ref(node: Node) -> str:
     return value
 
 
+CONCLUSION_MODES = ("strict", "new_failures")
+
+
+def _conclusion(node: Node) -> str:
+    value = _typed(node, "strict or new_failures", str)
+    if value not in CONCLUSION_MODES:
+        raise _Invalid(
+            f"conclusion {value!r} is not strict (any failure fails the run) or new_failures"
+            " (only failures that are new against the default branch's history fail it)"
+        )
+    return str(value)
+
+
 def _network(node: Node) -> str:
     value = _typed(node, "host or none", str)
     if value not in NETWORKS:
@@ -980,6 +994,7 @@ _TOP_KEYS: dict[str, tuple[str, FieldParser]] = {
     "runtime": ("runtime", _runtime),
     "pytest_args": ("pytest_args", _pytest_args),
     "env": ("env", _env),
+    "conclusion": ("conclusion", _leaf(_conclusion)),
 }
 _ALL_TOP_KEYS = (*_TOP_KEYS, "runtimes", "layers", "batches")
 

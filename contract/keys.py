@@ -280,3 +280,49 @@ def redeliver_checked() -> str:
     """String: epoch seconds of the last look at GitHub's failed webhook deliveries (the next
     look starts there, less an overlap); never expires."""
     return f"{PREFIX}:redeliver:checked"
+
+
+# --- test history (bot/history.py) -----------------------------------------------------------
+# Tests are numbered by a hash of their id (bot.history.test_number): no table of ids. Per
+# batch and branch (the default branch, or one PR) the last runs' records, newest first,
+# trimmed to the bounds of GPUCI_HISTORY_*.
+
+
+def history_runs(repo: str, batch: str, branch: str) -> str:
+    """List: run ids of the batch's recorded runs on `branch` ("default" or "pr:N"), newest
+    first; PR lists expire 30 days after their last run."""
+    return f"{PREFIX}:history:{repo.lower()}:{batch}:{branch}:runs"
+
+
+def history_trend(repo: str, batch: str, branch: str) -> str:
+    """List (JSON): the same runs' sha, time, duration and counts, newest first (plots)."""
+    return f"{PREFIX}:history:{repo.lower()}:{batch}:{branch}:trend"
+
+
+def history_record_prefix(repo: str) -> str:
+    return f"{PREFIX}:history:{repo.lower()}:record:"
+
+
+def history_record(repo: str, run_id: str) -> str:
+    """String: one recorded run (bot.history.Record): a JSON head (the run, its host, GPU and
+    runtime, reruns, skip reasons, its layout) and a column per field (outcome letters,
+    seconds); 30 days for a PR's runs, trimmed by count on the default branch."""
+    return f"{history_record_prefix(repo)}{run_id}"
+
+
+def history_layout(repo: str, name: str) -> str:
+    """String: the test numbers (uint64 each) of records that list the same tests in the same
+    order, named by their hash; kept while a default-branch record uses it (history_layout_uses),
+    else 30 days after the last PR run that did."""
+    return f"{PREFIX}:history:{repo.lower()}:layout:{name}"
+
+
+def history_layout_uses(repo: str) -> str:
+    """Hash layout name -> how many of the repository's default-branch records use it."""
+    return f"{PREFIX}:history:{repo.lower()}:layout-uses"
+
+
+def history_failing(repo: str, batch: str) -> str:
+    """Hash test number -> JSON {sha, at, id}: tests failing on the default branch, since which
+    run (the first of their current streak)."""
+    return f"{PREFIX}:history:{repo.lower()}:{batch}:failing"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from contract.outcomes import TestOutcome, from_columns, to_columns
+
 
 @dataclass(frozen=True)
 class GpuProcess:
@@ -155,6 +157,7 @@ class RunReport:
     log_tail: str = ""
     notes: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+    tests: list[TestOutcome] = field(default_factory=list)  # each test's outcome (history)
 
     def to_json(self) -> dict[str, object]:
         s = self.summary
@@ -180,6 +183,7 @@ class RunReport:
             "log_tail": self.log_tail,
             "notes": list(self.notes),
             "duration_s": self.duration_s,
+            "tests": to_columns(self.tests),
         }
 
     @classmethod
@@ -200,7 +204,15 @@ class RunReport:
             log_tail=_text(d.get("log_tail", ""), "log_tail", MAX_FIELD),
             notes=[_text(n, "note", MAX_SHORT) for n in _list(d.get("notes", []), "notes", 20)],
             duration_s=_number(d.get("duration_s", 0.0), "duration_s"),
+            tests=_tests(d.get("tests")),
         )
+
+
+def _tests(data: object) -> list[TestOutcome]:
+    try:
+        return from_columns(data)
+    except ValueError as exc:
+        raise ResultError(str(exc)) from None
 
 
 def gpu_to_json(gpu: GpuInfo) -> dict[str, object]:

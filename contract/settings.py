@@ -96,6 +96,15 @@ class Settings:
     # Tests only: every run on this host raises at this step of its run path (FAULT_STEPS),
     # to show that a crash ends the run. Never set in production.
     test_fault: str = ""
+    # Test history (bot/history.py): runs kept per batch on the default branch, and per PR...
+    history_default_runs: int = 200
+    history_pr_runs: int = 20
+    # ...a failed test is flaky if it flipped between pass and fail this many times (N) in
+    # the default branch's last runs of its batch (K)...
+    history_flaky_flips: int = 3
+    history_flaky_window: int = 20
+    # ...and an XPASS says "remove the xfail marker" once it passed this many baseline runs.
+    history_xpass_runs: int = 3
 
     @classmethod
     def from_env(

@@ -23,6 +23,7 @@ from fakehub.world import (
     delete_repo,
     open_pull,
     push,
+    push_branch,
     timestamp,
 )
 
@@ -283,6 +284,20 @@ def delete_repository(owner: str, name: str) -> Response:
         return jsonify(
             {"deleted": f"{owner}/{name}", "pulls": [f"{pr.repo}#{pr.number}" for pr in orphans]}
         )
+
+
+@blueprint.post("/repos/<owner>/<name>/branches/<path:branch>/push")
+def push_to_branch(owner: str, name: str, branch: str) -> Response:
+    """A commit on a branch (the default branch's history, say). GitHub would send a `push`
+    event, which fakehub does not model: no webhook."""
+    world, body = _world(), _json()
+    files = body.get("files")
+    if files is not None and not isinstance(files, dict):
+        raise ControlError(400, "'files' must map paths to text (or null to delete)")
+    with world.lock:
+        sender = _user(world, body)
+        commit = push_branch(world, f"{owner}/{name}", branch, files, sender)
+    return jsonify({"sha": commit.sha, "branch": branch})
 
 
 # ------------------------------------------------------------------------------ check runs

@@ -547,6 +547,26 @@ def push(
     return commit
 
 
+def push_branch(
+    world: World, full_name: str, branch: str, files: dict[str, Any] | None, author: str
+) -> Commit:
+    """A new commit on a repository's branch (its default branch, say): the branch head's files
+    with `files` applied (a null value deletes the path). WorldError for an unknown one."""
+    repo = world.repos.get(full_name)
+    if repo is None or branch not in repo.branches:
+        raise WorldError(f"no branch {branch!r} in {full_name!r}")
+    parent = world.commits[repo.branches[branch]]
+    tree = dict(parent.files)
+    for path, content in (files or {}).items():
+        if content is None:
+            tree.pop(path, None)
+        else:
+            tree[path] = _content(content)
+    commit = world.add_commit(tree, [parent.sha], f"Push to {branch}", author)
+    repo.branches[branch] = commit.sha
+    return commit
+
+
 def delete_repo(world: World, full_name: str) -> list[Pull]:
     """Delete a repository as its owner would: gone from the API and every installation; the
     pull requests it is the head of stay open with no head repository (GitHub then sends

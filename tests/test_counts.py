@@ -18,9 +18,11 @@ import pytest
 
 from bot.cli import main
 from contract.checks import Conclusion, judge
+from contract.outcomes import Outcome
 from contract.results import Failure, RunReport, Summary, count_line, repo_path
 from tests.test_cli import env  # noqa: F401  (a fixture)
 from workers.junit import parse_junit
+from workers.outcomes import read_outcomes
 
 ROOT = Path(__file__).resolve().parent.parent
 F_SETPIPE_SZ = 1031  # Linux's fcntl to set a pipe's capacity
@@ -402,3 +404,17 @@ def test_summarize_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     assert proc.wait(timeout=60) == 128 + signal.SIGPIPE
     assert first.startswith(b"# 60 failed")
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr
+
+
+def test_the_history_sees_a_test_whose_subtests_failed_as_failed(tmp_path: Path) -> None:
+    """pytest counts failed subtests as failures; the test history records their test so."""
+    root = project(tmp_path, {"test_sub.py": SUBTESTS}, "")
+    _, _, report = pytest_line(root, "tests")
+    outcomes = {t.test_id.rsplit("::", 1)[1]: t.outcome for t in read_outcomes(report)}
+    assert outcomes == {
+        "test_passing": Outcome.PASSED,
+        "test_failing": Outcome.FAILED,
+        "test_plain": Outcome.PASSED,
+        "test_fixture": Outcome.FAILED,
+        "test_fixture_skips": Outcome.PASSED,
+    }

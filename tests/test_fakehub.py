@@ -231,6 +231,23 @@ def test_push_makes_a_new_commit_whose_tarball_has_the_new_files(gh: Github, hub
         assert f"acme-sample-{old[:7]}/README.md" in _untar(got.read())
 
 
+def test_a_push_to_the_default_branch_moves_its_head(gh: Github, hub: Running) -> None:
+    old = hub.world.repos["acme/sample"].branches["main"]
+    url = f"{hub.url}/_fakehub/repos/acme/sample/branches/main/push"
+    user = next(iter(hub.world.users))
+    answer = requests.post(url, json={"user": user, "files": {"NEW.md": "x\n"}}, timeout=10)
+
+    new = answer.json()["sha"]
+    repo = gh.get_repo("acme/sample")
+    assert repo.get_branch("main").commit.sha == new != old
+    assert repo.get_commit(new).parents[0].sha == old
+    assert repo.get_contents("NEW.md", ref="main").decoded_content == b"x\n"  # type: ignore[union-attr]
+    missing = requests.post(url.replace("/main/", "/nope/"), json={"user": user}, timeout=10)
+    assert missing.status_code == 400 and "no branch 'nope'" in missing.json()["message"]
+    bad = requests.post(url, json={"user": user, "files": ["x"]}, timeout=10)
+    assert bad.status_code == 400 and "'files' must map paths" in bad.json()["message"]
+
+
 def test_commits_and_branches(gh: Github, world: World) -> None:
     repo = gh.get_repo("acme/sample")
     main = repo.get_branch("main")

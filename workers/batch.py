@@ -20,6 +20,7 @@ from contract.settings import Settings
 from workers.gpus import GpuBackend, GpuState, gpu_states, open_backend
 from workers.hostsetup import HostSetup, HostSetupError, RuntimeUnavailable
 from workers.junit import JUnitError, parse_junit, parse_report
+from workers.outcomes import read_outcomes
 from workers.runner import RunOutcome, RunRequest, resolve_workers, run_batch
 
 Progress = Callable[[str], None]
@@ -309,6 +310,7 @@ def report_of(outcome: RunOutcome, gpus: Sequence[GpuInfo]) -> RunReport:
         log_tail=outcome.log_tail,
         notes=[f"{killed} stray processes killed after the run"] if killed else [],
         duration_s=outcome.duration_s,
+        tests=read_outcomes(outcome.report_path) if error is None else [],
     )
 
 

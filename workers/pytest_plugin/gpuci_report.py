@@ -103,7 +103,10 @@ def _details(report: pytest.TestReport | pytest.CollectReport) -> dict[str, Any]
             return {}  # an xfail's reason is wasxfail; its longrepr is the expected exception
         longrepr = report.longrepr
         reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else longrepr
-        return {"reason": str(reason)}
+        # what `pytest -rs` prints: longrepr is (path, line, "Skipped: why")
+        return {
+            "reason": str(reason).removeprefix("Skipped: ").strip()[:1000] or "(no reason given)"
+        }
     text = str(report.longrepr)
     crash = getattr(report.longrepr, "reprcrash", None)
     message = getattr(crash, "message", None) or (text.strip().splitlines() or [""])[-1]
