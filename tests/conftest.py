@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ SAMPLE_REPO = ROOT / "examples" / "sample-repo"
 
 # Each test process claims a database of its own, never 0, and flushes only that: it holds
 # an flock on a lock file per database for its lifetime, so two test sessions on one machine
-# (or one session's xdist workers) never share one. Databases 10-15 are tried first.
+# (or one session's xdist workers) never share one. Databases 10-15 are tried first. Processes
+# a test starts that write to the database (tests/scheduler_process.py) inherit the claim.
 _FIRST_DB = int(os.environ.get("GPUCI_TEST_REDIS_DB", "10"))
 NOT_FOR_TESTS = {6, 9}  # the intake bench's default and the demo's
 _CLAIM: list[Any] = []  # the lock file held, and the database it claims
@@ -39,14 +41,54 @@ def _claim_db() -> int:
         except BlockingIOError:
             lock.close()
             continue
+        if _scheduler_leads_in(db):
+            lock.close()
+            continue
         _CLAIM[:] = [lock, db]
         return db
     raise RuntimeError("every Redis database 1-15 is claimed by other test processes; wait")
 
 
+def _scheduler_leads_in(db: int) -> bool:
+    """Whether a scheduler holds the leader lock in a database no test session claims.
+
+    Tests flush their database when they end, so a lock there is kept by a scheduler process
+    that outlived the session that started it (one killed before its teardown could run, from
+    a checkout older than `db_claim_fd` and tests/scheduler_process.py's parent watch). It would
+    lead, and dispatch runs, in whichever test claimed that database next: it is skipped."""
+    from contract import keys
+
+    conn = Redis.from_url(f"redis://{_redis_host()}/{db}")
+    try:
+        held = conn.get(keys.scheduler_leader())
+    except Exception:  # no Redis: the redis_conn fixture says so
+        return False
+    finally:
+        conn.close()
+    if held is None:
+        return False
+    warnings.warn(
+        f"Redis database {db} skipped: scheduler {held.decode(errors='replace')!r} leads there "
+        "outside any test session (a leftover tests.scheduler_process? stop it)",
+        stacklevel=2,
+    )
+    return True
+
+
+def db_claim_fd() -> int:
+    """The open lock file claiming this process's database. A child process given it
+    (`pass_fds`) keeps the database claimed for as long as it lives, even past this process,
+    so no later test session flushes and uses a database that child still writes to."""
+    _claim_db()
+    return int(_CLAIM[0].fileno())
+
+
+def _redis_host() -> str:
+    return os.environ.get("GPUCI_TEST_REDIS_HOST", "127.0.0.1:6379")
+
+
 def _redis_url() -> str:
-    host = os.environ.get("GPUCI_TEST_REDIS_HOST", "127.0.0.1:6379")
-    return f"redis://{host}/{_claim_db()}"
+    return f"redis://{_redis_host()}/{_claim_db()}"
 
 
 @pytest.fixture

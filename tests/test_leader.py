@@ -22,7 +22,7 @@ from bot.runs import Run, RunState, RunTrigger
 from contract import keys, leases
 from contract.hostlink import Ticket
 from contract.settings import Settings
-from tests.conftest import SAMPLE_REPO
+from tests.conftest import SAMPLE_REPO, db_claim_fd
 from workers.gpus import open_backend
 from workers.host import publish_host
 
@@ -121,11 +121,18 @@ class Schedulers:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, holder: str, slow_token_s: float = 0.0) -> None:
-        log = (self.logs / f"{holder}.log").open("wb")
+        """One scheduler; it stops when its stdin (a pipe from this process) closes, and it
+        holds this process's database claim, so none outlives the session unnoticed."""
         command = [sys.executable, "-m", "tests.scheduler_process", self.redis_url, holder]
-        self.procs[holder] = subprocess.Popen(
-            [*command, str(LOCK_TTL_S), str(slow_token_s)], cwd=ROOT, stdout=log, stderr=log
-        )
+        with (self.logs / f"{holder}.log").open("wb") as log:
+            self.procs[holder] = subprocess.Popen(
+                [*command, str(LOCK_TTL_S), str(slow_token_s)],
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=log,
+                pass_fds=(db_claim_fd(),),
+            )
 
     def signal(self, holder: str, sig: int) -> None:
         os.kill(self.procs[holder].pid, sig)
@@ -139,6 +146,8 @@ class Schedulers:
                 os.kill(proc.pid, signal.SIGCONT)
                 proc.kill()
             proc.wait()
+            if proc.stdin is not None:
+                proc.stdin.close()
 
 
 @pytest.fixture
