@@ -23,31 +23,18 @@ from contract import keys, leases
 from contract.hostlink import Ticket
 from contract.settings import Settings
 from tests.conftest import SAMPLE_REPO, db_claim_fd
+from tests.test_scheduler import HOST, settings  # noqa: F401  (settings is a fixture)
 from workers.gpus import open_backend
 from workers.host import publish_host
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = (SAMPLE_REPO / ".gpuci.yml").read_text()
-HOST = "h1"
 LOCK_TTL_S = 3.0
 TAKEOVER_S = LOCK_TTL_S + scheduler.TICK_S + 2.0  # TTL, one standby poll, a round's slack
 
 
 @pytest.fixture
-def settings(monkeypatch: pytest.MonkeyPatch, redis_url: str, tmp_path: Path) -> Settings:
-    for name, value in {
-        "REDIS_URL": redis_url,
-        "GPUCI_HOST": HOST,
-        "GPUCI_GPU_BACKEND": "sim:8xH20-96GB",
-        "GPUCI_WORK_DIR": str(tmp_path / "runs"),
-        "GPUCI_IDLE_SAMPLE_INTERVAL_S": "0",
-    }.items():
-        monkeypatch.setenv(name, value)
-    return Settings.from_env(dotenv=None)
-
-
-@pytest.fixture
-def host(redis_conn: Redis, settings: Settings) -> Iterator[None]:
+def host(redis_conn: Redis, settings: Settings) -> Iterator[None]:  # noqa: F811
     """An 8-GPU sim host whose heartbeat keeps beating (nobody takes its tickets)."""
     redis_conn.hset(keys.repos(), "acme/sample", "1")
     backend = open_backend(settings.gpu_backend)

@@ -270,7 +270,6 @@ class _Tally:
         kind = min(kinds, key=_WORST.index) if kinds else None
         counter = _JUNIT_COUNTERS[kind] if kind else "passed"
         setattr(s, counter, getattr(s, counter) + 1)
-        return
 
     def add_skip_reason(self, reason: str) -> None:
         reasons = self.s.skip_reasons
